@@ -1,0 +1,41 @@
+"""oscar-ray: 2-bit KV-cache LLM serving on Ray with OSCAR rotations.
+
+Public names are re-exported lazily (PEP 562): `import oscar_ray.quant` must work on a machine with
+only torch + triton (the GPU image has no pydantic or ray), so this file imports nothing eagerly.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    # config (pydantic)
+    "OscarCacheConfig": "oscar_ray.config",
+    "QualityConfig": "oscar_ray.config",
+    # quant (torch only)
+    "hadamard": "oscar_ray.quant",
+    "bit_reversal_permutation": "oscar_ray.quant",
+    "fit_rotation": "oscar_ray.quant",
+    "QueryMoment": "oscar_ray.quant",
+    "ValueTargetDiag": "oscar_ray.quant",
+    "ValueTargetSoftmax": "oscar_ray.quant",
+    "quantize_int2": "oscar_ray.quant",
+    "dequantize_int2": "oscar_ray.quant",
+    "pack_int2": "oscar_ray.quant",
+    "unpack_int2": "oscar_ray.quant",
+    "clip_rows": "oscar_ray.quant",
+    "bits_per_element": "oscar_ray.quant",
+    "RotationSet": "oscar_ray.quant",
+    "ModelGeometry": "oscar_ray.quant",
+}
+
+__all__ = sorted(_EXPORTS) + ["__version__"]
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'oscar_ray' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

@@ -1,0 +1,13 @@
+"""Numeric defaults shared by the pydantic configs and the torch-only math.
+
+Lives below every layer and imports nothing, so `oscar_ray.quant` and `oscar_ray.kernels` can use the
+same numbers as `oscar_ray.config` on the GPU image, which has no pydantic.
+"""
+
+SINK_TOKENS = 64  # first tokens kept BF16: attention sinks carry most of the softmax mass
+RECENT_TOKENS = 256  # last tokens kept BF16: the window decode attends to most
+K_CLIP_RATIO = 0.96  # per-token quantile clip; d=128 clips the top 5 |values| of a key row
+V_CLIP_RATIO = 0.92  # d=128 clips the top 10 |values| of a value row
+SCALE_DTYPE = "float16"  # 16-bit scale/zero: 2.25 bits/element at d=128 (fp32 gives 2.5)
+PAGE_SIZE = 64  # tokens per page; sink and recent windows are whole pages
+CALIB_TOKENS_PER_LAYER = 30_000  # authors' DUMP_KVCACHE_TOKENS budget

@@ -1,0 +1,21 @@
+"""OSCAR math core: torch (+ safetensors) only, CPU and GPU, float64 where it matters."""
+
+from .artifact import ModelGeometry, RotationSet
+from .attention import reference_attention
+from .baselines import kivi2, naive_int2, oscar_int2, per_channel_int2, quarot_int2
+from .clip import clip_index, clip_rows
+from .clipfit import ClipFit
+from .hadamard import bit_reversal_permutation, bit_reverse_indices, hadamard, permutation_matrix
+from .int2 import dequantize_int2, fake_quantize, pack_int2, quantize_int2, unpack_int2
+from .metrics import attention_output_error, bits_per_element, int2_region_bits, logit_error
+from .rotation import COMPOSITIONS, eigh_sorted, fit_rotation, orthogonality_error
+from .stats import QueryMoment, ValueTargetDiag, ValueTargetSoftmax
+
+__all__ = [
+    "COMPOSITIONS", "ClipFit", "ModelGeometry", "QueryMoment", "RotationSet", "ValueTargetDiag",
+    "ValueTargetSoftmax", "attention_output_error", "bit_reversal_permutation", "bit_reverse_indices",
+    "bits_per_element", "clip_index", "clip_rows", "dequantize_int2", "eigh_sorted", "fake_quantize",
+    "fit_rotation", "hadamard", "int2_region_bits", "kivi2", "logit_error", "naive_int2", "oscar_int2",
+    "orthogonality_error", "pack_int2", "per_channel_int2", "permutation_matrix", "quantize_int2",
+    "quarot_int2", "reference_attention", "unpack_int2",
+]
