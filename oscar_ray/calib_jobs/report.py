@@ -33,7 +33,8 @@ def markdown(res: QualityResult) -> str:
         f"tokens; evaluation: {res.tokens['eval']} tokens of `{cfg.eval_book}` (another novel), "
         f"sequences of {cfg.seq_len}",
         f"- every method stores 2-bit codes + {cfg.cache.scale_dtype} (s, z) per row of {res.head_dim}: "
-        f"{bits:.3f} bits/element; all evaluated tokens quantised (no BF16 windows), causal attention over "
+        f"{bits:.3f} bits/element; the first {cfg.cache.sink_tokens} tokens of each sequence stay BF16 for every "
+        "method (the cache's sink), all later tokens are quantised (no recent window), causal attention over "
         "each whole sequence",
         f"- clip ratios (fixed) K {cfg.cache.k_clip_ratio} / V {cfg.cache.v_clip_ratio}; "
         "attention error = ‖O − Ô‖/‖O‖, logit error = ‖Q(K − K̂)ᵀ‖²/‖QKᵀ‖², both summed over layers",
