@@ -1,4 +1,4 @@
-"""`oscar-ray` command line: `oscar-ray quality` (more subcommands arrive with their issues)."""
+"""`oscar-ray` command line: `quality` and `calibrate` (more subcommands arrive with their issues)."""
 
 from __future__ import annotations
 
@@ -25,6 +25,12 @@ def _quality(args: argparse.Namespace) -> int:
     return 0
 
 
+def _calibrate(args: argparse.Namespace) -> int:
+    from .calib_jobs.calibrate import main as calibrate_main
+
+    return calibrate_main(["--config", args.config] + (["--dry-run"] if args.dry_run else []))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="oscar-ray", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -35,6 +41,10 @@ def main(argv: list[str] | None = None) -> int:
     q.add_argument("--eval-seqs", type=int)
     q.add_argument("--output-dir")
     q.set_defaults(func=_quality)
+    c = sub.add_parser("calibrate", help="distributed OSCAR calibration on Ray (starts a local Ray if none runs)")
+    c.add_argument("--config", required=True, help="CalibrationConfig YAML, e.g. configs/calib/smollm2.yaml")
+    c.add_argument("--dry-run", action="store_true", help="print the placement plan only")
+    c.set_defaults(func=_calibrate)
     args = parser.parse_args(argv)
     try:
         return args.func(args)

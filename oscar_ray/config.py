@@ -77,3 +77,58 @@ class QualityConfig(StrictModel):
     cache: OscarCacheConfig = Field(default_factory=OscarCacheConfig, description="Quantiser settings.")
     output_dir: str = Field("benchmarks/results", description="Where the markdown table and PNG go.")
     name: str = Field("quality_smollm2", description="Stem of the output files.")
+
+
+class CalibDataConfig(StrictModel):
+    """Where calibration tokens come from (deterministic order, sharded round-robin over workers)."""
+
+    source: Literal["austen", "files", "chat"] = Field(
+        "austen", description="austen: the fetched novels; files: .txt/.jsonl paths; chat: jsonl of messages rendered "
+        "with the model's chat template.")
+    books: list[str] = Field(default_factory=lambda: ["emma", "prideprejudice", "mansfieldpark"],
+                             description="Austen novels, in order (source=austen).")
+    paths: list[str] = Field(default_factory=list, description="Text (.txt) or JSON-lines (.jsonl) files (source=files/chat).")
+    text_field: str = Field("text", description="JSON-lines field holding the text (source=files).")
+
+
+class CalibOutputConfig(StrictModel):
+    path: str = Field("artifacts/rotations", description="Directory the RotationSet is written to.")
+    modelscope_id: str | None = Field(None, description="Publish to this ModelScope repo (needs MODELSCOPE_API_TOKEN).")
+    overwrite: bool = Field(False, description="Replace an existing artifact of another model at `path`.")
+
+
+class ModelFacts(StrictModel):
+    """Architecture numbers for `--dry-run` when the model's files are not on this machine."""
+
+    n_layers: int = Field(..., ge=1, description="Decoder layers.")
+    n_q_heads: int = Field(..., ge=1, description="Query heads.")
+    n_kv_heads: int = Field(..., ge=1, description="KV heads.")
+    head_dim: int = Field(..., ge=4, description="Head dimension.")
+    n_params_b: float = Field(..., gt=0, description="Parameters, billions (weights memory).")
+    bytes_per_param: float = Field(2.0, gt=0, description="1 for FP8 checkpoints, 2 for BF16.")
+    architecture: str = Field("unknown", description="transformers architecture name.")
+
+
+class CalibrationConfig(StrictModel):
+    """`oscar-ray calibrate` / `python -m oscar_ray.calib_jobs.calibrate`: a distributed OSCAR calibration."""
+
+    model: str = Field("smollm2", description="'smollm2', a GGUF file or an HF model directory.")
+    model_id: str = Field("HuggingFaceTB/SmolLM2-135M-Instruct", description="Name recorded in the artifact manifest.")
+    data: CalibDataConfig = Field(default_factory=CalibDataConfig, description="Calibration text.")
+    token_budget: int = Field(D.CALIB_TOKENS_PER_LAYER, ge=1, description="Tokens per layer for the rotation fit.")
+    clipfit_tokens: int = Field(2048, ge=0, description="Further held-out tokens for the clip fit (clip_mode=fit).")
+    chunk_len: int = Field(1024, ge=16, description="Tokens per forward pass (one sequence).")
+    workers: int = Field(2, ge=1, description="Ray actors, one model replica each (data parallel).")
+    gpus_per_worker: int = Field(0, ge=0, description="GPUs per actor = TP size of one replica; 0 = CPU.")
+    cpus_per_worker: int = Field(1, ge=1, description="CPUs per actor (torch threads).")
+    value_target: Literal["diag", "softmax"] = Field("diag", description="diag: authors' proxy; softmax: exact VᵀSᵀSV.")
+    clip_mode: Literal["fixed", "fit"] = Field("fixed", description="fixed ratios or a per-layer fit on held-out tokens.")
+    composition: Literal["r_h_pbr", "r_h", "plain", "hadamard"] = Field("r_h_pbr", description="R = U·H·P by default.")
+    per_kv_head: bool = Field(False, description="One rotation per KV head instead of per layer.")
+    cache: OscarCacheConfig = Field(default_factory=OscarCacheConfig, description="Clip ratios, group size, scales.")
+    checkpoint_dir: str | None = Field(None, description="Partial sums are saved here; default <output.path>/.ckpt.")
+    checkpoint_every: int = Field(2, ge=1, description="Chunks between checkpoints of a worker's partial sums.")
+    max_worker_restarts: int = Field(3, ge=0, description="How often Ray replaces a dead worker before failing.")
+    output: CalibOutputConfig = Field(default_factory=CalibOutputConfig, description="Artifact destination.")
+    model_facts: ModelFacts | None = Field(None, description="For --dry-run of a model whose files are absent.")
+    measured_tokens_per_s: float | None = Field(None, gt=0, description="Per-worker throughput used by --dry-run.")
