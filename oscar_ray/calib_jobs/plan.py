@@ -33,7 +33,7 @@ def dry_run(cfg: CalibrationConfig) -> str:
     per_gpu = weights / max(cfg.gpus_per_worker, 1)
     # Capture memory: q, k, v of one chunk for one layer at a time in fp32, plus the fp64 d×d sums.
     act = cfg.chunk_len * (hq + 2 * hkv) * d * 4
-    n_mats = 2 if cfg.value_target == "diag" else 2  # C_Q and C_S per KV head
+    n_mats = 2  # C_Q and C_S per KV head
     stats = layers * hkv * n_mats * d * d * 8
     extra = cfg.clipfit_tokens if cfg.clip_mode == "fit" else 0
     passes = (1 if cfg.value_target == "softmax" else 2) + (1 if cfg.clip_mode == "fit" else 0)
@@ -49,7 +49,7 @@ def dry_run(cfg: CalibrationConfig) -> str:
     ]
     if cfg.measured_tokens_per_s:
         total = (cfg.token_budget * (passes - (1 if extra else 0)) + extra) / (cfg.measured_tokens_per_s * cfg.workers)
-        lines.append(f"expected time: {total / 60:.1f} min at {cfg.measured_tokens_per_s:g} tok/s per actor")
+        lines.append(f"expected time: {total / 60:.1f} min ({total:.0f} s) at {cfg.measured_tokens_per_s:g} tok/s per actor")
     else:
         lines.append("expected time: unknown (set measured_tokens_per_s)")
     return "\n".join(lines)
