@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -74,7 +75,11 @@ class CalibWorker:
                 done, stats = saved["done"], saved["stats"]
         t0, tokens = time.time(), 0
         device = next(self.model.parameters()).device
-        for i in range(done, len(chunks)):
+        from tqdm import tqdm
+
+        # A bar only on a terminal (local runs); Ray job logs get the driver's per-pass summary lines.
+        for i in tqdm(range(done, len(chunks)), desc=f"worker {self.worker_id} {pass_name}", unit="chunk",
+                      disable=not sys.stderr.isatty()):
             tokens += run_sequences(self.model, [chunks[i].to(device)], stats.sink)
             done = i + 1
             if done % self.checkpoint_every == 0 or done == len(chunks):

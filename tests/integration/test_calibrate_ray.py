@@ -55,14 +55,9 @@ def test_killed_worker_resumes_to_the_same_artifact(ray_cluster, tmp_path, monke
     monkeypatch.setenv(KILL_ENV, f"1:1:{marker}")  # worker 1 exits after its first of two chunks
     killed = calibrate(_cfg(tmp_path, "killed"), log=print)
     assert marker.exists(), "the worker was never killed"
+    # same model, data and config → same artifact hash, here even across a worker death
     assert killed.rotations.sha256 == clean.rotations.sha256
     assert json.loads((tmp_path / "killed" / "manifest.json").read_text())["sha256"] == clean.rotations.sha256
-
-
-def test_same_config_same_hash(ray_cluster, tmp_path):
-    a = calibrate(_cfg(tmp_path, "a", token_budget=512), log=lambda m: None)
-    b = calibrate(_cfg(tmp_path, "b", token_budget=512), log=lambda m: None)
-    assert a.rotations.sha256 == b.rotations.sha256
 
 
 def test_bad_inputs_fail_before_any_work(tmp_path):
