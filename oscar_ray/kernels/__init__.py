@@ -1,0 +1,14 @@
+"""Triton kernels of the OSCAR mixed INT2 / BF16 KV cache (torch + triton only; see layout.py)."""
+
+from ._interpreter import patch_interpreter
+from .decode_attention import default_bf16_splits, default_num_splits, int2_decode_attention
+from .extend_attention import int2_extend_attention
+from .layout import KVGeometry, PagedKV, Segments
+from .write import bf16_write, demote_pages, int2_write
+
+patch_interpreter()  # CPU interpreter only; see _interpreter.py
+
+__all__ = [
+    "KVGeometry", "PagedKV", "Segments", "bf16_write", "default_bf16_splits", "default_num_splits",
+    "demote_pages", "int2_decode_attention", "int2_extend_attention", "int2_write",
+]

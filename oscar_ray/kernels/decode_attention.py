@@ -1,0 +1,182 @@
+"""Split-K flash-decoding over the mixed INT2 / BF16 cache (OSCAR_SPEC §5.2).
+
+Stage 1 (`_decode_stage1_kernel`, launched once per tier): a program per (request b, KV head, split)
+walks its share of that tier's tokens page by page, unpacks INT2 codes in registers and applies
+(s, z) to the scores and probabilities rather than to every element (_attn_tiles._int2_step), and
+runs all g = Hq/Hkv query heads of the KV head in one [BLOCK_H, ·] tile (BLOCK_H = next power of
+two ≥ max(g, 16), the tl.dot minimum).  Each split writes its normalised partial output and
+log2-sum-exp; an empty split writes LSE −inf.  The INT2 tier fills splits [0, S), the BF16 tier
+splits [S, S + S16) of the same partial buffers.
+Stage 2 (`_decode_merge_kernel`) merges all S + S16 splits with the usual LSE weights, which is
+exact attention over the union of the tiers (softmax is permutation-invariant over keys).
+
+Split lengths are computed per request inside the kernel from its own length, so one grid (and one
+CUDA graph) serves every mix of lengths, and the host never reads the lengths (no sync).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from ._attn_tiles import _int2_step, _load_q4, _page_bases, _rows_step, _store4
+from ._validate import (FLOAT_ROWS, check_positive, check_pow2, check_precision, check_rotation, check_tensor,
+                        nonempty_table)
+from .layout import PagedKV, Segments
+from .reference import rotate_heads
+
+LOG2E = 1.4426950408889634
+H200_SMS = 132
+
+
+@triton.jit
+def _decode_stage1_kernel(q_ptr, k_ptr, ks_ptr, v_ptr, vs_ptr, table_ptr, lens_ptr, mid_o_ptr, mid_lse_ptr,
+                          qk_scale, sqb, sqh, s_page, s_tok, s_head, ss_page, ss_tok, ss_head, s_table,
+                          n_q_heads, split_offset, total_splits,
+                          GQA: tl.constexpr, PAGE: tl.constexpr, D: tl.constexpr, GS: tl.constexpr,
+                          INT2: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_H: tl.constexpr,
+                          BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
+    QD: tl.constexpr = D // 4
+    b = tl.program_id(0)
+    kh = tl.program_id(1)
+    split = tl.program_id(2)
+    seq_len = tl.load(lens_ptr + b)
+    # this split's tokens: an equal share of the request's tier, rounded up to whole tiles
+    split_len = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = split * split_len
+    end = tl.minimum(start + split_len, seq_len)
+
+    hj = tl.arange(0, BLOCK_H)
+    hmask = hj < GQA
+    heads = kh * GQA + hj  # contiguous GQA grouping: query head kh·g + j reads KV head kh
+    q0, q1, q2, q3, qsum = _load_q4(q_ptr, b * sqb + heads * sqh, hmask, qk_scale, QD, PRECISION)
+    m = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l = tl.zeros([BLOCK_H], tl.float32)
+    a0 = tl.zeros([BLOCK_H, QD], tl.float32)
+    a1 = tl.zeros([BLOCK_H, QD], tl.float32)
+    a2 = tl.zeros([BLOCK_H, QD], tl.float32)
+    a3 = tl.zeros([BLOCK_H, QD], tl.float32)
+    table = table_ptr + b.to(tl.int64) * s_table
+    for n0 in range(start, end, BLOCK_N):
+        offs = n0 + tl.arange(0, BLOCK_N)
+        nmask = offs < end
+        base = _page_bases(table, offs, nmask, PAGE, s_page, s_tok, kh * s_head)
+        if INT2:
+            sbase = _page_bases(table, offs, nmask, PAGE, ss_page, ss_tok, kh * ss_head)
+            m, l, a0, a1, a2, a3 = _int2_step(q0, q1, q2, q3, qsum, k_ptr, ks_ptr, v_ptr, vs_ptr, base, sbase,
+                                              nmask, m, l, a0, a1, a2, a3, QD, GS, PRECISION)
+        else:
+            m, l, a0, a1, a2, a3 = _rows_step(q0, q1, q2, q3, k_ptr, v_ptr, base, nmask, nmask[None, :],
+                                              m, l, a0, a1, a2, a3, QD, PRECISION)
+
+    row = (b * n_q_heads + heads).to(tl.int64) * total_splits + split_offset + split  # [BLOCK_H]
+    inv_l = tl.where(l > 0, 1.0 / tl.where(l > 0, l, 1.0), 0.0)
+    _store4(mid_o_ptr, row * D, hmask, a0, a1, a2, a3, inv_l, QD)
+    lse = tl.where(l > 0, m + tl.log2(tl.where(l > 0, l, 1.0)), float("-inf"))
+    tl.store(mid_lse_ptr + row, lse, mask=hmask)
+
+
+@triton.jit
+def _decode_merge_kernel(mid_o_ptr, mid_lse_ptr, out_ptr, sob, soh, n_q_heads, total_splits,
+                         D: tl.constexpr, BLOCK_S: tl.constexpr):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    s = tl.arange(0, BLOCK_S)
+    smask = s < total_splits
+    row = (b * n_q_heads + h).to(tl.int64) * total_splits + s
+    lse = tl.load(mid_lse_ptr + row, mask=smask, other=float("-inf"))
+    top = tl.max(lse, 0)
+    top = tl.where(top == float("-inf"), 0.0, top)  # a request with no tokens at all
+    w = tl.where(lse > float("-inf"), tl.exp2(lse - top), 0.0)  # empty splits weigh 0
+    cols = tl.arange(0, D)
+    o = tl.load(mid_o_ptr + row[:, None] * D + cols[None, :], mask=smask[:, None], other=0.0)
+    total = tl.sum(w, 0)
+    res = tl.sum(w[:, None] * o, 0) / tl.where(total > 0, total, 1.0)
+    tl.store(out_ptr + b * sob + h * soh + cols, res)
+
+
+def default_num_splits(batch: int, n_kv_heads: int, max_len: int | None = None, num_sms: int = H200_SMS,
+                       block_n: int = 64) -> int:
+    """INT2 splits per (request, KV head): about 4 stage-1 programs per SM (H200: 528), at most 64.
+
+    At the defaults (BLOCK_N 64, 4 warps, bf16) ptxas reports 158 registers, so 3 programs fit an
+    SM at once and 4·SMs programs make ~1.3 waves, enough loads in flight for HBM bandwidth:
+    bs 1 × 8 KV heads → 64 splits (2K tokens each at 128K), bs 8 → 9, bs 32 → 3.  With a length
+    hint each split keeps ≥ 4 tiles, so a short context is not cut into mostly-merge-overhead pieces.
+    Untuned on hardware: benchmarks/decode_attention.py --num-splits overrides it.
+    """
+    splits = math.ceil(4 * num_sms / max(1, batch * n_kv_heads))
+    if max_len is not None:
+        splits = min(splits, max(1, math.ceil(max_len / (4 * block_n))))
+    return max(1, min(64, splits))
+
+
+def default_bf16_splits(batch: int, n_kv_heads: int, num_sms: int = H200_SMS) -> int:
+    """BF16 splits: the tier is small (64 sink + 256-263 recent tokens), ≤ 8 splits as in the original."""
+    return max(1, min(8, math.ceil(num_sms / max(1, batch * n_kv_heads))))
+
+
+def int2_decode_attention(q: torch.Tensor, kv: PagedKV, seg: Segments, *, k_rotation: torch.Tensor | None = None,
+                          v_rotation: torch.Tensor | None = None, sm_scale: float | None = None,
+                          num_splits: int | None = None, bf16_splits: int | None = None,
+                          max_int2_len: int | None = None, block_n: int = 64, bf16_block_n: int = 64,
+                          num_warps: int = 4, num_stages: int = 2, precision: str = "bf16",
+                          num_sms: int = H200_SMS) -> torch.Tensor:
+    """One decode query per request over its INT2 + BF16 tokens → o [B, Hq, d] float32.
+
+    q [B, Hq, d] is in the rotated K basis unless k_rotation (fp32 [d, d] or [H_kv, d, d]) is given,
+    in which case q·R_K is one torch matmul here.  o is in the rotated V basis unless v_rotation is
+    given (then o·R_Vᵀ).  A request with no tokens in either tier gets o = 0.
+    precision: the dot operands.  "bf16" (default, as the original dequantises to BF16): q, p·s and
+    BF16-tier K/V rounded to 8 bits, the codes exact; "fp16": 11 bits, ~20× smaller error on the
+    unit tests, but overflows beyond ±65504 (BF16-tier K/V or |q|·0.13); "tf32" (11 bits, fp32
+    range, 1.7× the shared memory and 1.2× the registers at sm_90); "ieee": fp32 FMA, for checks.
+    No host sync: pass num_splits (or max_int2_len) to tune; the grid does not depend on lengths.
+    Example: o = int2_decode_attention(q, PagedKV(...), Segments(...), k_rotation=R_K, v_rotation=R_V)
+    """
+    geo = kv.geometry()
+    b = seg.check(kv.device)
+    check_tensor("q", q, FLOAT_ROWS, shape=(b, None, geo.head_dim), device=kv.device)
+    hq, d, hkv = q.shape[1], geo.head_dim, geo.n_kv_heads
+    if hq % hkv:
+        raise ValueError(f"q has {hq} heads, not a multiple of the cache's {hkv} KV heads")
+    precision = check_precision(precision)
+    for name, value in (("block_n", block_n), ("bf16_block_n", bf16_block_n)):
+        check_pow2(name, value, minimum=16)
+    check_rotation("k_rotation", k_rotation, d, hkv, kv.device)
+    check_rotation("v_rotation", v_rotation, d, hkv, kv.device)
+    for name, value in (("num_splits", num_splits), ("bf16_splits", bf16_splits)):
+        if value is not None:
+            check_positive(name, value)
+    g = hq // hkv
+    s2 = num_splits or default_num_splits(b, hkv, max_int2_len, num_sms, block_n)
+    s16 = bf16_splits or default_bf16_splits(b, hkv, num_sms)
+    total = s2 + s16
+    if k_rotation is not None:
+        q = rotate_heads(q, k_rotation)
+    qk_scale = (d**-0.5 if sm_scale is None else sm_scale) * LOG2E
+    mid_o = torch.empty(b, hq, total, d, dtype=torch.float32, device=q.device)
+    mid_lse = torch.empty(b, hq, total, dtype=torch.float32, device=q.device)
+    out = torch.empty(b, hq, d, dtype=torch.float32, device=q.device)
+    if b == 0:
+        return out
+    block_h = max(16, triton.next_power_of_2(g))
+    t2, t16 = nonempty_table(seg.int2_page_table), nonempty_table(seg.bf16_page_table)
+    common = dict(GQA=g, D=d, GS=geo.group_size, BLOCK_H=block_h, PRECISION=precision,
+                  num_warps=num_warps, num_stages=num_stages)
+    _decode_stage1_kernel[(b, hkv, s2)](
+        q, kv.k_codes, kv.k_scales, kv.v_codes, kv.v_scales, t2, seg.int2_lens,
+        mid_o, mid_lse, qk_scale, q.stride(0), q.stride(1), *kv.k_codes.stride()[:3], *kv.k_scales.stride()[:3],
+        t2.stride(0), hq, 0, total,
+        PAGE=geo.int2_page_size, INT2=True, NUM_SPLITS=s2, BLOCK_N=block_n, **common)
+    _decode_stage1_kernel[(b, hkv, s16)](
+        q, kv.k_bf16, kv.k_bf16, kv.v_bf16, kv.v_bf16, t16, seg.bf16_lens,
+        mid_o, mid_lse, qk_scale, q.stride(0), q.stride(1), *kv.k_bf16.stride()[:3], 0, 0, 0,
+        t16.stride(0), hq, s2, total,
+        PAGE=geo.bf16_page_size, INT2=False, NUM_SPLITS=s16, BLOCK_N=bf16_block_n, **common)
+    _decode_merge_kernel[(b, hq)](mid_o, mid_lse, out, out.stride(0), out.stride(1), hq, total,
+                                  D=d, BLOCK_S=triton.next_power_of_2(total), num_warps=4)
+    return out if v_rotation is None else rotate_heads(out, v_rotation, transpose=True)

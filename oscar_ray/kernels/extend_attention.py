@@ -1,0 +1,142 @@
+"""Extend / prefill attention: a chunk of new tokens over [mixed-cache prefix ‖ itself] (OSCAR_SPEC §5.2).
+
+A program per (block of BLOCK_M chunk queries, query head, request) runs one online softmax over
+  1. the request's INT2 prefix tokens, unpacked in registers (non-causal: all precede the chunk),
+  2. its BF16 prefix tokens (sink / recent pages, also non-causal),
+  3. the chunk's own full-precision K/V, causally (query i sees chunk keys j <= i), stopping at the
+     block's last query so the upper triangle costs nothing.
+This matches the original's flash_attn_varlen over [dequantised prefix ‖ chunk]: tokens inside a
+chunk see each other unquantised.  Requests are batched varlen (qo_indptr), so one launch serves a
+whole extend batch; programs past a request's chunk exit at once.  Each query head re-reads its KV
+head's tiles (g-fold, mostly from L2); grouping the g heads per program is a possible speed-up.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._attn_tiles import _int2_step, _load_q4, _page_bases, _rows_step, _store4
+from ._validate import FLOAT_ROWS, check_pow2, check_precision, check_rotation, check_tensor, nonempty_table
+from .decode_attention import LOG2E
+from .layout import PagedKV, Segments
+from .reference import rotate_heads
+
+
+@triton.jit
+def _extend_kernel(q_ptr, kn_ptr, vn_ptr, kc_ptr, ks_ptr, vc_ptr, vs_ptr, kb_ptr, vb_ptr,
+                   t2_ptr, l2_ptr, t16_ptr, l16_ptr, indptr_ptr, out_ptr, qk_scale,
+                   sqt, sqh, snt, snh, scp, sct, sch, ssp, sst, ssh, sbp, sbt, sbh, st2, st16, sot, soh,
+                   GQA: tl.constexpr, PAGE2: tl.constexpr, PAGE16: tl.constexpr, D: tl.constexpr,
+                   GS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
+    QD: tl.constexpr = D // 4
+    m_start = tl.program_id(0) * BLOCK_M
+    hq = tl.program_id(1)
+    b = tl.program_id(2)
+    kh = hq // GQA
+    q_start = tl.load(indptr_ptr + b)
+    c_len = tl.load(indptr_ptr + b + 1) - q_start
+    if m_start < c_len:
+        rows = m_start + tl.arange(0, BLOCK_M)
+        rmask = rows < c_len
+        q_rows = (q_start + rows).to(tl.int64)
+        q0, q1, q2, q3, qsum = _load_q4(q_ptr, q_rows * sqt + hq * sqh, rmask, qk_scale, QD, PRECISION)
+        m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l = tl.zeros([BLOCK_M], tl.float32)
+        a0 = tl.zeros([BLOCK_M, QD], tl.float32)
+        a1 = tl.zeros([BLOCK_M, QD], tl.float32)
+        a2 = tl.zeros([BLOCK_M, QD], tl.float32)
+        a3 = tl.zeros([BLOCK_M, QD], tl.float32)
+
+        n2 = tl.load(l2_ptr + b)
+        table2 = t2_ptr + b.to(tl.int64) * st2
+        for n0 in range(0, n2, BLOCK_N):
+            offs = n0 + tl.arange(0, BLOCK_N)
+            nmask = offs < n2
+            cbase = _page_bases(table2, offs, nmask, PAGE2, scp, sct, kh * sch)
+            sbase = _page_bases(table2, offs, nmask, PAGE2, ssp, sst, kh * ssh)
+            m, l, a0, a1, a2, a3 = _int2_step(q0, q1, q2, q3, qsum, kc_ptr, ks_ptr, vc_ptr, vs_ptr, cbase, sbase,
+                                              nmask, m, l, a0, a1, a2, a3, QD, GS, PRECISION)
+
+        n16 = tl.load(l16_ptr + b)
+        table16 = t16_ptr + b.to(tl.int64) * st16
+        for n0 in range(0, n16, BLOCK_N):
+            offs = n0 + tl.arange(0, BLOCK_N)
+            nmask = offs < n16
+            base = _page_bases(table16, offs, nmask, PAGE16, sbp, sbt, kh * sbh)
+            m, l, a0, a1, a2, a3 = _rows_step(q0, q1, q2, q3, kb_ptr, vb_ptr, base, nmask, nmask[None, :],
+                                              m, l, a0, a1, a2, a3, QD, PRECISION)
+
+        hi = tl.minimum(c_len, m_start + BLOCK_M)  # causal: no chunk key beyond this block's last query
+        for n0 in range(0, hi, BLOCK_N):
+            offs = n0 + tl.arange(0, BLOCK_N)
+            nmask = offs < hi
+            base = (q_start + offs).to(tl.int64) * snt + kh * snh
+            keep = nmask[None, :] & (offs[None, :] <= rows[:, None])
+            m, l, a0, a1, a2, a3 = _rows_step(q0, q1, q2, q3, kn_ptr, vn_ptr, base, nmask, keep,
+                                              m, l, a0, a1, a2, a3, QD, PRECISION)
+
+        inv_l = 1.0 / tl.where(l > 0, l, 1.0)  # l > 0 always: query i sees chunk key 0
+        _store4(out_ptr, q_rows * sot + hq * soh, rmask, a0, a1, a2, a3, inv_l, QD)
+
+
+def int2_extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, kv: PagedKV,
+                          prefix: Segments, qo_indptr: torch.Tensor | None = None, *, max_chunk: int | None = None,
+                          k_rotation: torch.Tensor | None = None, v_rotation: torch.Tensor | None = None,
+                          sm_scale: float | None = None, block_m: int = 64, block_n: int = 32, num_warps: int = 4,
+                          num_stages: int = 2, precision: str = "bf16") -> torch.Tensor:
+    """Chunk queries q [ΣC, Hq, d] over each request's cached prefix and, causally, its own chunk.
+
+    k_new / v_new [ΣC, H_kv, d] are the chunk's K/V at full precision; request b owns rows
+    qo_indptr[b] : qo_indptr[b+1] (None: one request, all rows) and the prefix pages of `prefix`
+    row b.  All in the rotated basis, unless k_rotation (applied to q and k_new) / v_rotation
+    (applied to v_new, and Rᵀ to the output) are given.  Returns o [ΣC, Hq, d] float32.
+    max_chunk (the largest C) sizes the grid; without it the launcher reads qo_indptr (a host sync).
+    precision "bf16" (default, like the original's flash-attn prefill), "fp16", "tf32" or "ieee"
+    (see int2_decode_attention).  Under CUDA graphs pass qo_indptr and max_chunk (no host work).
+    Example: o = int2_extend_attention(q, k, v, kv, prefix)        # one request, C = q.shape[0]
+    """
+    geo = kv.geometry()
+    nb = prefix.check(kv.device)
+    check_tensor("q", q, FLOAT_ROWS, shape=(None, None, geo.head_dim), device=kv.device)
+    c_total, hq, d = q.shape
+    hkv = geo.n_kv_heads
+    if hq % hkv:
+        raise ValueError(f"q has {hq} heads, not a multiple of the cache's {hkv} KV heads")
+    check_tensor("k_new", k_new, FLOAT_ROWS, shape=(c_total, hkv, d), device=kv.device)
+    check_tensor("v_new", v_new, FLOAT_ROWS, shape=(c_total, hkv, d), device=kv.device)
+    if qo_indptr is None:
+        if nb != 1:
+            raise ValueError(f"qo_indptr is required for a batch of {nb} requests")
+        qo_indptr = torch.tensor([0, c_total], dtype=torch.int32, device=q.device)
+        max_chunk = c_total
+    check_tensor("qo_indptr", qo_indptr, (torch.int32,), shape=(nb + 1,), device=kv.device)
+    for name, value in (("block_m", block_m), ("block_n", block_n)):
+        check_pow2(name, value, minimum=16)
+    precision = check_precision(precision)
+    check_rotation("k_rotation", k_rotation, d, hkv, kv.device)
+    check_rotation("v_rotation", v_rotation, d, hkv, kv.device)
+    if k_rotation is not None:
+        q, k_new = rotate_heads(q, k_rotation), rotate_heads(k_new, k_rotation)
+    if v_rotation is not None:
+        v_new = rotate_heads(v_new, v_rotation)
+    if k_new.stride() != v_new.stride():
+        v_new = v_new.contiguous()
+        k_new = k_new.contiguous()
+    if max_chunk is None:
+        max_chunk = int((qo_indptr[1:] - qo_indptr[:-1]).max()) if nb else 0
+    out = torch.zeros(c_total, hq, d, dtype=torch.float32, device=q.device)
+    if nb == 0 or max_chunk == 0:
+        return out
+    t2, t16 = nonempty_table(prefix.int2_page_table), nonempty_table(prefix.bf16_page_table)
+    qk_scale = (d**-0.5 if sm_scale is None else sm_scale) * LOG2E
+    grid = (triton.cdiv(max_chunk, block_m), hq, nb)
+    _extend_kernel[grid](
+        q, k_new, v_new, kv.k_codes, kv.k_scales, kv.v_codes, kv.v_scales, kv.k_bf16, kv.v_bf16,
+        t2, prefix.int2_lens, t16, prefix.bf16_lens, qo_indptr, out, qk_scale,
+        q.stride(0), q.stride(1), k_new.stride(0), k_new.stride(1), *kv.k_codes.stride()[:3],
+        *kv.k_scales.stride()[:3], *kv.k_bf16.stride()[:3], t2.stride(0), t16.stride(0), out.stride(0), out.stride(1),
+        GQA=hq // hkv, PAGE2=geo.int2_page_size, PAGE16=geo.bf16_page_size, D=d, GS=geo.group_size,
+        BLOCK_M=block_m, BLOCK_N=block_n, PRECISION=precision, num_warps=num_warps, num_stages=num_stages)
+    return out if v_rotation is None else rotate_heads(out, v_rotation, transpose=True)

@@ -1,0 +1,67 @@
+"""Random mixed INT2 / BF16 caches for kernel tests and benchmarks (any device, shuffled pages)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from .layout import PagedKV, Segments
+
+UNUSED_PAGE = 2**30  # padding entries of a page table: far out of range, so a kernel that reads one faults
+
+
+def _table(lens: Sequence[int], page_size: int, n_pages: int, device, gen) -> torch.Tensor:
+    """Page ids for each request, drawn without replacement from a shuffled pool of n_pages."""
+    need = [-(-n // page_size) for n in lens]
+    order = torch.randperm(n_pages, generator=gen)
+    table = torch.full((len(lens), max(need, default=0)), UNUSED_PAGE, dtype=torch.int32)
+    used = 0
+    for b, k in enumerate(need):
+        table[b, :k] = order[used : used + k].to(torch.int32)
+        used += k
+    return table.to(device)
+
+
+def random_scales(shape: tuple[int, ...], n_groups: int, dtype: torch.dtype, device, gen=None) -> torch.Tensor:
+    """Interleaved (s, z) [..., 2·G]: s ∈ [0.02, 0.3], z ∈ [0, 3], as min–max quantisation produces."""
+    s = torch.rand(*shape, n_groups, generator=gen) * 0.28 + 0.02
+    z = torch.rand(*shape, n_groups, generator=gen) * 3
+    return torch.stack([s, z], dim=-1).flatten(-2).to(device=device, dtype=dtype)
+
+
+def random_mixed_cache(int2_lens: Sequence[int], bf16_lens: Sequence[int], n_kv_heads: int, head_dim: int, *,
+                       int2_page_size: int = 8, bf16_page_size: int = 8, group_size: int | None = None,
+                       scale_dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+                       spare_pages: int = 3, seed: int | None = None) -> tuple[PagedKV, Segments]:
+    """A PagedKV + Segments holding random codes, scales and bf16 rows for requests of the given lengths.
+
+    Pages are shuffled across requests and `spare_pages` extra pages per tier stay unused, so a kernel
+    that mixes up page ids or reads past a request's tokens produces a wrong answer.
+    Example: kv, seg = random_mixed_cache([100, 0], [320, 5], n_kv_heads=2, head_dim=64)
+    """
+    gen = None if seed is None else torch.Generator().manual_seed(seed)
+    n_groups = 1 if group_size is None else head_dim // group_size
+    n2 = sum(-(-n // int2_page_size) for n in int2_lens) + spare_pages
+    n16 = sum(-(-n // bf16_page_size) for n in bf16_lens) + spare_pages
+    code_shape = (n2, int2_page_size, n_kv_heads, head_dim // 4)
+    bf16_shape = (n16, bf16_page_size, n_kv_heads, head_dim)
+
+    def codes():
+        if torch.device(device).type == "cuda":  # GB-sized caches: draw on the device
+            return torch.randint(0, 256, code_shape, dtype=torch.uint8, device=device)
+        return torch.randint(0, 256, code_shape, dtype=torch.uint8, generator=gen)
+
+    def rows():
+        if torch.device(device).type == "cuda":
+            return (torch.randn(bf16_shape, device=device) * 0.5).to(torch.bfloat16)
+        return (torch.randn(bf16_shape, generator=gen) * 0.5).to(torch.bfloat16)
+
+    kv = PagedKV(codes().to(device), random_scales(code_shape[:3], n_groups, scale_dtype, device, gen),
+                 codes().to(device), random_scales(code_shape[:3], n_groups, scale_dtype, device, gen),
+                 rows().to(device), rows().to(device), group_size)
+    seg = Segments(_table(int2_lens, int2_page_size, n2, device, gen),
+                   torch.tensor(list(int2_lens), dtype=torch.int32, device=device),
+                   _table(bf16_lens, bf16_page_size, n16, device, gen),
+                   torch.tensor(list(bf16_lens), dtype=torch.int32, device=device))
+    return kv, seg

@@ -1,0 +1,140 @@
+"""The Triton kernels on CUDA at Qwen3-8B geometry (32 q heads, 8 KV heads, d = 128); skipped without CUDA.
+
+Same contracts as tests/unit/kernels (bit-exact writes, decode/extend vs the float64 reference on
+the dequantised cache), at real sizes and with the GPU's own tensor-core precisions.
+"""
+
+import pytest
+import torch
+
+from oscar_ray.kernels import (
+    bf16_write,
+    demote_pages,
+    int2_decode_attention,
+    int2_extend_attention,
+    int2_write,
+)
+from oscar_ray.kernels.reference import (
+    bf16_write_reference,
+    decode_attention_reference,
+    extend_attention_reference,
+    int2_write_reference,
+)
+from oscar_ray.kernels.synthetic import random_mixed_cache
+from tests.utils import assert_close_verbose
+
+pytestmark = pytest.mark.gpu
+
+HQ, HKV, D, PAGE = 32, 8, 128, 8
+CUDA = "cuda"
+# (precision, atol, rtol) for |o| ~ 0.1 (decode) and ~1 (extend), as in tests/unit/kernels: ieee
+# leaves fp32 accumulation order only; tf32 / fp16 round operands to 11 bits, bf16 to 8 bits
+DECODE_TOL = [("ieee", 1e-6, 1e-5), ("tf32", 1e-4, 1e-3), ("fp16", 2e-4, 1e-3), ("bf16", 3e-3, 1e-2)]
+EXTEND_TOL = [("ieee", 2e-6, 1e-5), ("fp16", 2e-3, 1e-3), ("bf16", 3e-2, 2e-2)]
+
+
+def _dyadic(*shape):
+    return (torch.randint(-32, 33, shape, device=CUDA).float() / 8)
+
+
+def _slots(n, n_pages):
+    flat = torch.randperm(n_pages * PAGE, device=CUDA)[:n]
+    return (flat // PAGE).int(), (flat % PAGE).int(), flat
+
+
+@pytest.mark.parametrize("scale_dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("group_size", [None, D // 2])
+@pytest.mark.parametrize("n", [1, 1000])
+def test_int2_write_bit_exact_cuda(seed, scale_dtype, group_size, n):
+    n_groups = 1 if group_size is None else D // group_size
+    x = _dyadic(n, HKV, D).to(torch.bfloat16)
+    r = torch.randint(-4, 5, (D, D), device=CUDA).float() / 4  # exact products and sums in fp32
+    pid, off, flat = _slots(n, 200)
+    codes = torch.zeros(200, PAGE, HKV, D // 4, dtype=torch.uint8, device=CUDA)
+    scales = torch.zeros(200, PAGE, HKV, 2 * n_groups, dtype=scale_dtype, device=CUDA)
+    int2_write(x, r, 0.96, pid, off, codes, scales, group_size=group_size)
+    ref_c, ref_s = int2_write_reference(x, r, 0.96, group_size, scale_dtype)
+    assert torch.equal(codes.flatten(0, 1)[flat], ref_c)
+    assert torch.equal(scales.flatten(0, 1)[flat], ref_s)
+
+
+def test_int2_write_unrotated_gaussian_bit_exact_cuda(seed):
+    # no rotation: the kernel's IEEE divisions must reproduce torch's codes on arbitrary floats
+    n = 4096
+    x = torch.randn(n, HKV, D, device=CUDA) * 3
+    pid, off, flat = _slots(n, 600)
+    codes = torch.zeros(600, PAGE, HKV, D // 4, dtype=torch.uint8, device=CUDA)
+    scales = torch.zeros(600, PAGE, HKV, 2, dtype=torch.float16, device=CUDA)
+    int2_write(x, None, 0.96, pid, off, codes, scales)
+    ref_c, ref_s = int2_write_reference(x, None, 0.96, None, torch.float16)
+    assert torch.equal(codes.flatten(0, 1)[flat], ref_c)
+    assert torch.equal(scales.flatten(0, 1)[flat], ref_s)
+
+
+def test_bf16_write_and_demote_bit_exact_cuda(seed):
+    n = 64
+    x = _dyadic(n, HKV, D)
+    r = torch.randint(-4, 5, (HKV, D, D), device=CUDA).float() / 4
+    pid, off = (torch.arange(n, device=CUDA) // PAGE).int(), (torch.arange(n, device=CUDA) % PAGE).int()
+    pages = torch.zeros(n // PAGE, PAGE, HKV, D, dtype=torch.bfloat16, device=CUDA)
+    bf16_write(x, r, pid, off, pages)
+    assert torch.equal(pages.flatten(0, 1), bf16_write_reference(x, r))
+    codes = torch.zeros(20, PAGE, HKV, D // 4, dtype=torch.uint8, device=CUDA)
+    scales = torch.zeros(20, PAGE, HKV, 2, dtype=torch.float32, device=CUDA)
+    src = torch.arange(n // PAGE, device=CUDA, dtype=torch.int32)
+    dst = torch.randperm(20, device=CUDA)[: n // PAGE].int()
+    demote_pages(pages, src, dst, codes, scales, 0.96)
+    ref_c, ref_s = int2_write_reference(pages.flatten(0, 1), None, 0.96, None, torch.float32)
+    assert torch.equal(codes[dst.long()].flatten(0, 1), ref_c)
+    assert torch.equal(scales[dst.long()].flatten(0, 1), ref_s)
+
+
+@pytest.mark.parametrize("precision, atol, rtol", DECODE_TOL)
+@pytest.mark.parametrize("group_size", [None, D // 2])
+def test_decode_matches_reference_cuda(seed, precision, atol, rtol, group_size):
+    int2, bf16 = [4000, 1, 0, 1500, 8191], [320, 0, 64, 263, 1]
+    kv, seg = random_mixed_cache(int2, bf16, HKV, D, group_size=group_size, device=CUDA, seed=seed)
+    q = torch.randn(len(int2), HQ, D, device=CUDA)
+    out = int2_decode_attention(q, kv, seg, precision=precision)
+    assert_close_verbose(out, decode_attention_reference(q, kv, seg), atol, rtol, what=precision)
+
+
+def test_decode_split_invariance_cuda(seed):
+    kv, seg = random_mixed_cache([20000, 300], [320, 320], HKV, D, device=CUDA, seed=seed)
+    q = torch.randn(2, HQ, D, device=CUDA)
+    outs = [int2_decode_attention(q, kv, seg, num_splits=s, precision="ieee") for s in (1, 4, 16)]
+    for o in outs[1:]:
+        assert_close_verbose(o, outs[0], 1e-6, 1e-5, what="splits")
+
+
+def test_decode_cuda_graph_replay(seed):
+    # the benchmark captures the launcher in a CUDA graph: replay must match eager, and follow new lengths
+    kv, seg = random_mixed_cache([3000, 70], [320, 200], HKV, D, device=CUDA, seed=seed)
+    q = torch.randn(2, HQ, D, device=CUDA)
+    eager = int2_decode_attention(q, kv, seg, num_splits=8)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        int2_decode_attention(q, kv, seg, num_splits=8)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static = int2_decode_attention(q, kv, seg, num_splits=8)
+    graph.replay()
+    assert torch.equal(static, eager)
+    seg.int2_lens.copy_(torch.tensor([2500, 10], device=CUDA, dtype=torch.int32))
+    graph.replay()
+    assert_close_verbose(static, int2_decode_attention(q, kv, seg, num_splits=8), 1e-6, 1e-6, what="graph")
+
+
+@pytest.mark.parametrize("precision, atol, rtol", EXTEND_TOL)
+def test_extend_matches_reference_cuda(seed, precision, atol, rtol):
+    kv, seg = random_mixed_cache([2000, 0, 77], [64, 0, 8], HKV, D, device=CUDA, seed=seed)
+    chunks = [300, 129, 1]
+    n = sum(chunks)
+    indptr = torch.tensor([0, 300, 429, 430], dtype=torch.int32, device=CUDA)
+    q = torch.randn(n, HQ, D, device=CUDA, dtype=torch.bfloat16)
+    k = torch.randn(n, HKV, D, device=CUDA, dtype=torch.bfloat16)
+    v = torch.randn(n, HKV, D, device=CUDA, dtype=torch.bfloat16)
+    out = int2_extend_attention(q, k, v, kv, seg, indptr, max_chunk=max(chunks), precision=precision)
+    assert_close_verbose(out, extend_attention_reference(q, k, v, kv, seg, indptr), atol, rtol, what=precision)

@@ -1,0 +1,78 @@
+"""Every kernel specialisation the launchers use compiles for sm_90 (H200), on a CPU host.
+
+The interpreter never runs Triton's GPU compiler, so layout / tl.dot shape / register-allocation
+errors would otherwise surface only on the GPU.  triton.compile with an explicit GPUTarget lowers
+to PTX and runs the bundled ptxas, which needs no device.  It runs in a subprocess because
+TRITON_INTERPRET=1 (set for this suite) replaces every @triton.jit function at import time.
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+SCRIPT = textwrap.dedent('''
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from oscar_ray.kernels import decode_attention as da, extend_attention as ea, write
+
+    def check(fn, types, constexprs, num_warps=4, num_stages=2, max_shared=None):
+        sig = {n: "constexpr" if n in constexprs else types.get(n, "i32") for n in fn.arg_names}
+        k = triton.compile(ASTSource(fn, sig, constexprs), target=GPUTarget("cuda", 90, 32),
+                           options={"num_warps": num_warps, "num_stages": num_stages})
+        shared = k.metadata.shared
+        assert max_shared is None or shared <= max_shared, (fn.__name__, constexprs, shared)
+        print(fn.__name__, {k: v for k, v in constexprs.items() if k in ("PRECISION", "GS", "INT2")}, shared)
+
+    P = lambda t: "*" + t
+    for fp16, gs in ((True, 128), (False, 64)):
+        check(write._int2_write_kernel, dict(x_ptr=P("bf16"), r_ptr=P("fp32"), page_ptr=P("i32"), off_ptr=P("i32"),
+              codes_ptr=P("u8"), scales_ptr=P("fp16" if fp16 else "fp32")),
+              dict(D=128, GS=gs, BR=16, ROTATE=True, CLIP=True, CLIP_IDX=122, SCALE_FP16=fp16))
+    check(write._bf16_write_kernel, dict(x_ptr=P("bf16"), r_ptr=P("fp32"), page_ptr=P("i32"), off_ptr=P("i32"),
+          out_ptr=P("bf16")), dict(D=128, BR=16, ROTATE=True))
+    check(write._demote_pages_kernel, dict(src_ptr=P("bf16"), src_ids_ptr=P("i32"), dst_ids_ptr=P("i32"),
+          codes_ptr=P("u8"), scales_ptr=P("fp32")), dict(D=128, GS=128, BR=8, CLIP=True, CLIP_IDX=122,
+          SCALE_FP16=False))
+    d1 = dict(q_ptr=P("fp32"), k_ptr=P("u8"), ks_ptr=P("fp32"), v_ptr=P("u8"), vs_ptr=P("fp32"), table_ptr=P("i32"),
+              lens_ptr=P("i32"), mid_o_ptr=P("fp32"), mid_lse_ptr=P("fp32"), qk_scale="fp32")
+    d16 = dict(d1, k_ptr=P("bf16"), ks_ptr=P("bf16"), v_ptr=P("bf16"), vs_ptr=P("bf16"))
+    for prec in ("bf16", "fp16", "tf32", "ieee"):
+        # the default layout (one group) must stay light: 4 programs of 4 warps per SM need <= 48 KB each
+        check(da._decode_stage1_kernel, d1, dict(GQA=4, PAGE=8, D=128, GS=128, INT2=True, NUM_SPLITS=16,
+              BLOCK_H=16, BLOCK_N=64, PRECISION=prec), max_shared=48 << 10)
+        check(da._decode_stage1_kernel, d16, dict(GQA=4, PAGE=8, D=128, GS=128, INT2=False, NUM_SPLITS=4,
+              BLOCK_H=16, BLOCK_N=64, PRECISION=prec))
+    check(da._decode_stage1_kernel, d1, dict(GQA=12, PAGE=8, D=64, GS=32, INT2=True, NUM_SPLITS=4,
+          BLOCK_H=16, BLOCK_N=64, PRECISION="bf16"))
+    check(da._decode_merge_kernel, dict(mid_o_ptr=P("fp32"), mid_lse_ptr=P("fp32"), out_ptr=P("fp32")),
+          dict(D=128, BLOCK_S=128))
+    e = dict(q_ptr=P("bf16"), kn_ptr=P("bf16"), vn_ptr=P("bf16"), kc_ptr=P("u8"), ks_ptr=P("fp32"), vc_ptr=P("u8"),
+             vs_ptr=P("fp32"), kb_ptr=P("bf16"), vb_ptr=P("bf16"), t2_ptr=P("i32"), l2_ptr=P("i32"), t16_ptr=P("i32"),
+             l16_ptr=P("i32"), indptr_ptr=P("i32"), out_ptr=P("fp32"), qk_scale="fp32")
+    for prec, gs in (("bf16", 128), ("tf32", 64)):
+        check(ea._extend_kernel, e, dict(GQA=4, PAGE2=8, PAGE16=8, D=128, GS=gs, BLOCK_M=64, BLOCK_N=32,
+              PRECISION=prec))
+    print("ALL OK")
+''')
+
+
+def _has_cuda_backend() -> bool:
+    try:
+        import triton
+
+        return (Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas").exists()
+    except ImportError:
+        return False
+
+
+@pytest.mark.skipif(not _has_cuda_backend(), reason="triton has no bundled NVIDIA backend / ptxas")
+def test_kernels_compile_for_sm90():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=600, env=env,
+                          cwd=Path(__file__).parents[3])
+    assert proc.returncode == 0 and "ALL OK" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-6000:]

@@ -1,0 +1,104 @@
+"""Split-K decode attention over the mixed cache against reference_attention on the dequantised cache."""
+
+import pytest
+import torch
+
+from oscar_ray.kernels import Segments, int2_decode_attention
+from oscar_ray.kernels.reference import decode_attention_reference, rotate_heads
+from oscar_ray.kernels.synthetic import random_mixed_cache
+from tests.utils import assert_close_verbose
+
+# precision → (atol, rtol) for these caches (|v| <~ 1, |o| ~ 0.1-0.2).  Measured max errors: ieee
+# 4e-8 (fp32 accumulation order), tf32 2e-5 and fp16 4e-5 (11-bit operands), bf16 9e-4 (8-bit
+# operands; the interpreter truncates to bf16 where the GPU rounds, so the GPU does better)
+TOLERANCES = {"ieee": (1e-6, 1e-5), "tf32": (1e-4, 1e-3), "fp16": (2e-4, 1e-3), "bf16": (3e-3, 1e-2)}
+
+
+def _lens(batch: int):
+    """Mixed lengths with the edge cases: an empty tier, one token, a partial last page."""
+    int2 = [0, 1, 77, 40, 16][:batch]
+    bf16 = [13, 0, 9, 1, 0][:batch]
+    return int2, bf16
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("g", [1, 3, 4, 8, 12])
+def test_decode_matches_reference(seed, d, g):
+    hkv = 2 if g < 8 else 1
+    int2, bf16 = _lens(4)
+    kv, seg = random_mixed_cache(int2, bf16, hkv, d, seed=seed)
+    q = torch.randn(len(int2), hkv * g, d)
+    out = int2_decode_attention(q, kv, seg, num_splits=3, bf16_splits=2, block_n=16, bf16_block_n=16,
+                                precision="ieee")
+    atol, rtol = TOLERANCES["ieee"]
+    assert_close_verbose(out, decode_attention_reference(q, kv, seg), atol, rtol, f"d={d} g={g}")
+
+
+@pytest.mark.parametrize("group_size, scale_dtype", [(None, torch.float16), (32, torch.float32), (16, torch.float16)])
+def test_decode_groups_and_scale_dtypes(seed, group_size, scale_dtype):
+    kv, seg = random_mixed_cache([50, 9], [3, 20], 2, 64, group_size=group_size, scale_dtype=scale_dtype,
+                                 bf16_page_size=16, seed=seed)
+    q = torch.randn(2, 8, 64)
+    out = int2_decode_attention(q, kv, seg, num_splits=2, block_n=32, precision="ieee")
+    assert_close_verbose(out, decode_attention_reference(q, kv, seg), *TOLERANCES["ieee"], what=str(group_size))
+
+
+def test_split_count_invariance(seed):
+    kv, seg = random_mixed_cache([300, 5, 0], [70, 0, 12], 2, 64, seed=seed)
+    q = torch.randn(3, 8, 64)
+    outs = [int2_decode_attention(q, kv, seg, num_splits=s, bf16_splits=s16, block_n=16, bf16_block_n=16,
+                                  precision="ieee") for s, s16 in ((1, 1), (4, 2), (16, 8))]
+    for o in outs[1:]:
+        assert_close_verbose(o, outs[0], atol=1e-6, rtol=1e-5, what="splits")
+
+
+def test_empty_requests_and_tables(seed):
+    # no INT2 pages at all ([B, 0] table) and one request with no tokens anywhere → o = 0 there
+    kv, seg = random_mixed_cache([0, 0], [0, 7], 2, 64, seed=seed)
+    assert seg.int2_page_table.shape == (2, 0)
+    q = torch.randn(2, 4, 64)
+    out = int2_decode_attention(q, kv, seg, num_splits=4, precision="ieee")
+    assert torch.equal(out[0], torch.zeros_like(out[0])) and not bool(out.isnan().any())
+    assert_close_verbose(out, decode_attention_reference(q, kv, seg), *TOLERANCES["ieee"], what="empty")
+
+
+def test_rotations_and_default_heuristics(seed):
+    # launcher-side q·R_K and o·R_Vᵀ with per-KV-head rotations; default splits, blocks and precision
+    d, hkv, g = 64, 2, 4
+    kv, seg = random_mixed_cache([130, 64], [40, 320], hkv, d, seed=seed)
+    rk = torch.linalg.qr(torch.randn(hkv, d, d, dtype=torch.float64))[0].float()
+    rv = torch.linalg.qr(torch.randn(d, d, dtype=torch.float64))[0].float()
+    q = torch.randn(2, hkv * g, d, dtype=torch.bfloat16)
+    out = int2_decode_attention(q, kv, seg, k_rotation=rk, v_rotation=rv, num_sms=8)  # 8 SMs: few programs
+    ref = rotate_heads(decode_attention_reference(rotate_heads(q, rk), kv, seg), rv, transpose=True)
+    assert_close_verbose(out, ref, *TOLERANCES["bf16"], what="rotated, default bf16")
+
+
+@pytest.mark.parametrize("precision", ["tf32", "fp16", "bf16"])
+@pytest.mark.parametrize("group_size", [None, 32])
+def test_tensor_core_precisions(seed, precision, group_size):
+    # factored (one group) and dequantising (two groups) INT2 paths under each operand rounding
+    kv, seg = random_mixed_cache([90, 200], [33, 0], 2, 128, group_size=group_size, seed=seed)
+    q = torch.randn(2, 16, 128)
+    out = int2_decode_attention(q, kv, seg, num_splits=2, block_n=32, precision=precision)
+    assert_close_verbose(out, decode_attention_reference(q, kv, seg), *TOLERANCES[precision], what=precision)
+
+
+def test_decode_argument_errors():
+    kv, seg = random_mixed_cache([8], [8], 2, 64)
+    q = torch.randn(1, 4, 64)
+    with pytest.raises(ValueError, match="multiple"):
+        int2_decode_attention(torch.randn(1, 3, 64), kv, seg)
+    with pytest.raises(ValueError, match="q"):
+        int2_decode_attention(torch.randn(2, 4, 64), kv, seg)
+    with pytest.raises(ValueError, match="int2_lens"):
+        int2_decode_attention(q, kv, Segments(seg.int2_page_table, seg.int2_lens.long(), seg.bf16_page_table,
+                                              seg.bf16_lens))
+    with pytest.raises(ValueError, match="precision"):
+        int2_decode_attention(q, kv, seg, precision="fp8")
+    with pytest.raises(ValueError, match="block_n"):
+        int2_decode_attention(q, kv, seg, block_n=24)
+    with pytest.raises(ValueError, match="k_rotation"):
+        int2_decode_attention(q, kv, seg, k_rotation=torch.eye(32))
+    with pytest.raises(ValueError, match="num_splits"):
+        int2_decode_attention(q, kv, seg, num_splits=-2)

@@ -1,0 +1,158 @@
+"""Write kernels against the quant/ reference: codes, scales and bf16 rows must be bit-exact."""
+
+import pytest
+import torch
+
+from oscar_ray.kernels import bf16_write, demote_pages, int2_write
+from oscar_ray.kernels.reference import bf16_write_reference, int2_write_reference
+from tests.utils import assert_close_verbose
+
+PAGE = 8
+SENTINEL = 0xA5
+
+
+def _dyadic(*shape, scale=8):
+    """Values k/scale with |k| <= 32: x·R with R entries j/4 is exact in fp32 in any summation order."""
+    return torch.randint(-32, 33, shape).float() / scale
+
+
+def _rotation(kind: str, h: int, d: int):
+    if kind == "none":
+        return None
+    if kind == "dense":  # dyadic dense matrix: exact products and sums, so codes can be compared with ==
+        return torch.randint(-4, 5, (d, d)).float() / 4
+    if kind == "per_head":
+        return torch.randint(-4, 5, (h, d, d)).float() / 4
+    raise AssertionError(kind)
+
+
+def _special_rows(x):
+    """Rows that hit the floors: constant, zero, tiny range far from 0 (fp16 |z| cap), wide range.
+
+    The wide row stays below fp16's 65504 after a dense dyadic R (row norm ~0.65·sqrt(d) ≈ 7.4)."""
+    n = x.shape[0]
+    if n >= 4:
+        x[0, 0] = 1.5
+        x[1, 0] = 0.0
+        x[2, 0] = 1000.0 + 1e-3 * torch.randn(x.shape[-1])
+        x[3, 0] = 300.0 * torch.randn(x.shape[-1])
+    return x
+
+
+def _slots(n, n_pages, consecutive_from=None):
+    if consecutive_from is not None:  # tokens run across page boundaries in order
+        flat = torch.arange(consecutive_from, consecutive_from + n)
+    else:
+        flat = torch.randperm(n_pages * PAGE)[:n]
+    return (flat // PAGE).int(), (flat % PAGE).int(), flat
+
+
+def _pages(n_pages, h, d, groups, scale_dtype):
+    codes = torch.full((n_pages, PAGE, h, d // 4), SENTINEL, dtype=torch.uint8)
+    scales = torch.full((n_pages, PAGE, h, 2 * groups), -7.0, dtype=scale_dtype)
+    return codes, scales
+
+
+def _check_written(codes, scales, flat, ref_codes, ref_scales):
+    c = codes.flatten(0, 1)
+    s = scales.flatten(0, 1)
+    assert torch.equal(c[flat], ref_codes), f"{int((c[flat] != ref_codes).sum())} code bytes differ"
+    assert torch.equal(s[flat], ref_scales), f"{int((s[flat] != ref_scales).sum())} scales differ"
+    untouched = torch.ones(c.shape[0], dtype=torch.bool)
+    untouched[flat] = False
+    assert bool((c[untouched] == SENTINEL).all()) and bool((s[untouched] == -7.0).all()), "wrote outside its slots"
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("scale_dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("halves", [False, True])
+@pytest.mark.parametrize("rot", ["none", "dense", "per_head"])
+def test_int2_write_bit_exact(seed, d, scale_dtype, halves, rot):
+    h, n, n_pages = 2, 37, 7
+    gs = d // 2 if halves else None
+    x = _special_rows(_dyadic(n, h, d)) if rot != "none" else _special_rows(torch.randn(n, h, d) * 3)
+    r = _rotation(rot, h, d)
+    clip = 0.9 if rot != "dense" else 0.0
+    pid, off, flat = _slots(n, n_pages)
+    codes, scales = _pages(n_pages, h, d, 2 if halves else 1, scale_dtype)
+    int2_write(x, r, clip, pid, off, codes, scales, group_size=gs)
+    _check_written(codes, scales, flat, *int2_write_reference(x, r, clip, gs, scale_dtype))
+
+
+@pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("clip", [0.0, 0.5, 0.96, 1.0, 0.001])
+@pytest.mark.parametrize("n, start", [(1, 5), (19, 6), (16, 0)])
+def test_int2_write_clip_and_page_boundaries(seed, x_dtype, clip, n, start):
+    # dyadic values have many ties in |x|, the hard case for an order statistic without a sort
+    h, d, n_pages = 3, 64, 6
+    x = _dyadic(n, h, d).to(x_dtype)
+    r = _rotation("dense", h, d)
+    pid, off, flat = _slots(n, n_pages, consecutive_from=start)
+    codes, scales = _pages(n_pages, h, d, 1, torch.float32)
+    int2_write(x, r, clip, pid, off, codes, scales)
+    _check_written(codes, scales, flat, *int2_write_reference(x, r, clip, None, torch.float32))
+
+
+def test_int2_write_orthogonal_rotation_close(seed):
+    # a generic orthogonal R: x·R differs from torch's matmul in the last fp32 bit, so a code may move
+    # at a bucket edge (rarely); scales agree to fp32 rounding
+    h, n, d = 2, 64, 128
+    x = torch.randn(n, h, d)
+    r = torch.linalg.qr(torch.randn(d, d, dtype=torch.float64))[0].float()
+    pid, off, flat = _slots(n, 16)
+    codes, scales = _pages(16, h, d, 1, torch.float32)
+    int2_write(x, r, 0.96, pid, off, codes, scales)
+    ref_c, ref_s = int2_write_reference(x, r, 0.96, None, torch.float32)
+    assert_close_verbose(scales.flatten(0, 1)[flat], ref_s, atol=1e-6, rtol=1e-5, what="scales")
+    differ = (codes.flatten(0, 1)[flat] != ref_c).float().mean().item()
+    assert differ < 0.01, f"{differ:.2%} of code bytes differ"
+
+
+@pytest.mark.parametrize("rot", ["none", "dense", "per_head"])
+@pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float32])
+def test_bf16_write_bit_exact(seed, rot, x_dtype):
+    h, n, d, n_pages = 2, 21, 128, 5
+    x = _dyadic(n, h, d).to(x_dtype)
+    r = _rotation(rot, h, d)
+    pid, off, flat = _slots(n, n_pages)
+    pages = torch.full((n_pages, PAGE, h, d), 3.0, dtype=torch.bfloat16)
+    bf16_write(x, r, pid, off, pages)
+    got = pages.flatten(0, 1)
+    assert torch.equal(got[flat], bf16_write_reference(x, r))
+    untouched = torch.ones(got.shape[0], dtype=torch.bool)
+    untouched[flat] = False
+    assert bool((got[untouched] == 3.0).all())
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("scale_dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("halves", [False, True])
+def test_demote_pages_bit_exact(seed, d, scale_dtype, halves):
+    h, n16, n2 = 2, 6, 9
+    gs = d // 2 if halves else None
+    src_pages = (torch.randn(n16, PAGE, h, d) * 2).to(torch.bfloat16)
+    src = torch.tensor([4, 0, 2], dtype=torch.int32)
+    dst = torch.tensor([1, 8, 5], dtype=torch.int32)
+    codes, scales = _pages(n2, h, d, 2 if halves else 1, scale_dtype)
+    demote_pages(src_pages, src, dst, codes, scales, 0.96, group_size=gs)
+    rows = src_pages[src.long()].flatten(0, 1)  # [3·PAGE, H, d] in destination order
+    flat = (dst.long()[:, None] * PAGE + torch.arange(PAGE)).flatten()
+    _check_written(codes, scales, flat, *int2_write_reference(rows, None, 0.96, gs, scale_dtype))
+
+
+def test_write_argument_errors():
+    x = torch.randn(4, 2, 64)
+    pid = torch.zeros(4, dtype=torch.int32)
+    codes, scales = _pages(2, 2, 64, 1, torch.float16)
+    with pytest.raises(ValueError, match="page_ids"):
+        int2_write(x, None, 0.0, pid.long(), pid, codes, scales)
+    with pytest.raises(ValueError, match="scales"):
+        int2_write(x, None, 0.0, pid, pid, codes, scales.to(torch.bfloat16))
+    with pytest.raises(ValueError, match="rotation"):
+        int2_write(x, torch.eye(32), 0.0, pid, pid, codes, scales)
+    with pytest.raises(ValueError, match="clip_ratio"):
+        int2_write(x, None, 1.5, pid, pid, codes, scales)
+    with pytest.raises(ValueError, match="group_size"):
+        int2_write(x, None, 0.0, pid, pid, codes, scales, group_size=48)
+    with pytest.raises(ValueError, match="codes"):
+        int2_write(x, None, 0.0, pid, pid, codes[..., :8], scales)
