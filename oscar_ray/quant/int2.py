@@ -61,9 +61,12 @@ def quantize_int2(
         codes = torch.bucketize(zs, bounds, right=True).to(torch.uint8)
     else:
         mn, mx = xg.amin(-1, keepdim=True), xg.amax(-1, keepdim=True)
-        s = torch.clamp(mx - mn, min=1e-8) / 3
+        # Divide by device tensors, not Python numbers: on CUDA, torch turns x / 3 into x * (1/3),
+        # which differs from IEEE x / 3 in the last bit (caught by the GPU bit-exactness test).
+        three, max_zero = (torch.tensor(v, device=x.device) for v in (3.0, FP16_MAX_ZERO))
+        s = torch.clamp(mx - mn, min=1e-8) / three
         if sd == torch.float16:
-            s = torch.maximum(torch.clamp(s, min=FP16_MIN_SCALE), mn.abs() / FP16_MAX_ZERO)
+            s = torch.maximum(torch.clamp(s, min=FP16_MIN_SCALE), mn.abs() / max_zero)
         z = -mn / s
     s_st, z_st = s.to(sd), z.to(sd)
     if not lloyd_max:
