@@ -16,7 +16,7 @@ import torch
 
 from ..config import QualityConfig
 from ..models.loader import attention_geometry, load_model
-from ..quant import hadamard, kivi2, naive_int2, oscar_int2, quarot_int2, reference_attention
+from ..quant import hadamard, kivi2, logit_error, naive_int2, oscar_int2, quarot_int2, reference_attention
 from ..quant.int2 import fake_quantize
 from .capture import run_sequences
 from .data import book_sequences
@@ -36,15 +36,11 @@ class ErrorSums:
     logit_ref: float = 0.0
 
     def add(self, q, k, v, k_hat, v_hat, out_ref: torch.Tensor) -> None:
-        g = q.shape[1] // k.shape[1]
         out_hat = reference_attention(q, k_hat, v_hat, dtype=torch.float32)
         self.out_err += float((out_ref - out_hat).double().pow(2).sum())
         self.out_ref += float(out_ref.double().pow(2).sum())
-        qq = q.double().reshape(q.shape[0], k.shape[1], g, -1)
-        m = torch.einsum("thgi,thgj->hij", qq, qq)
-        e = k.double() - k_hat.double()
-        self.logit_err += float(torch.einsum("thi,hij,thj->", e, m, e))
-        self.logit_ref += float(torch.einsum("thi,hij,thj->", k.double(), m, k.double()))
+        self.logit_err += logit_error(q, k, k_hat, relative=False)
+        self.logit_ref += logit_error(q, k, torch.zeros_like(k), relative=False)  # ‖QKᵀ‖²
 
     @property
     def attention_error(self) -> float:
