@@ -92,6 +92,8 @@ class KVPressurePolicy:
         kv = {r: v for r, v in metrics.get(KV_METRIC, {}).items() if not running or r in running}
         queue = {r: v for r, v in metrics.get(QUEUE_METRIC, {}).items() if not running or r in running}
         now = ctx.current_time if ctx.current_time is not None else time.time()
-        n, state = desired_replicas(ctx.current_num_replicas, kv, queue, self.params,
-                                    ctx.policy_state or {}, now)
+        # Decide from the target, not the running count: right after a scale-up the new replica
+        # is still starting, and holding at "current" (1 of 2) would undo the decision at once.
+        current = max(ctx.target_num_replicas or 0, ctx.current_num_replicas or 0)
+        n, state = desired_replicas(current, kv, queue, self.params, ctx.policy_state or {}, now)
         return n, state

@@ -71,9 +71,19 @@ def test_policy_reads_serve_context_and_ignores_departed_replicas():
     policy = KVPressurePolicy(min_replicas=1, max_replicas=3, upscale_delay_s=0, downscale_delay_s=0)
     ctx = SimpleNamespace(
         aggregated_metrics={"kv_usage": {"r0": 0.95, "r1": 0.9, "gone": 0.0}, "queue_len": {"r0": 0, "r1": 0}},
-        running_replicas=["r0", "r1"], current_num_replicas=2, current_time=1.0, policy_state={})
+        running_replicas=["r0", "r1"], current_num_replicas=2, target_num_replicas=2, current_time=1.0,
+        policy_state={})
     n, state = policy(ctx)
     assert n == 3 and state["oscar_want"] == 1
     ctx.aggregated_metrics = {"kv_usage": {"r0": 0.0, "r1": 0.0}, "queue_len": {"r0": 0.0, "r1": 0.0}}
     ctx.policy_state, ctx.current_time = state, 2.0
     assert policy(ctx)[0] == 1
+
+
+def test_policy_holds_the_target_while_a_new_replica_starts():
+    # 1 running, target 2 (the new one is starting): pressure persists, the target must not drop
+    policy = KVPressurePolicy(min_replicas=1, max_replicas=2, upscale_delay_s=0, downscale_delay_s=30)
+    ctx = SimpleNamespace(aggregated_metrics={"kv_usage": {"r0": 0.5}, "queue_len": {"r0": 0}},
+                          running_replicas=["r0"], current_num_replicas=1, target_num_replicas=2,
+                          current_time=1.0, policy_state={})
+    assert policy(ctx)[0] == 2
