@@ -1,0 +1,149 @@
+"""OscarAttnBackend: sglang attention backend over the OSCAR pool, calling oscar_ray.kernels.
+
+Extends `sglang.srt.layers.attention.base_attn_backend.AttentionBackend` (sglang 0.5.23): its
+`forward` dispatches to `forward_decode` / `forward_extend(q, k, v, layer, forward_batch,
+save_kv_cache)`, which `layers/radix_attention.py::RadixAttention.forward` reaches with
+post-RoPE q [T, h_q·d], k / v [T, h_kv, d].  Registered as "oscar" in
+`layers/attention/attention_registry.py::ATTENTION_BACKENDS` by the plugin.
+
+Per forward, `init_forward_metadata` plans the writes of the batch's new tokens and updates the
+pool's ownership tags once (tables.plan_writes), then builds the kernels' page tables
+(tables.build_segments): decode over each request's whole cache, extend over its cached prefix.
+Per layer: write (int2_write into every token's slot, bf16_write into the windows), then
+int2_decode_attention (q·R_K inside) or int2_extend_attention (the chunk itself at full
+precision, causally).  V is in the R_V basis throughout when absorbed (the default), so no
+o·R_Vᵀ is computed.  CUDA graphs are not supported yet (init_cuda_graph_state raises).
+Loaded only by the plugin: imports sglang.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
+
+from oscar_ray.kernels import Segments, int2_decode_attention, int2_extend_attention
+
+from .pool import OscarMHATokenToKVPool
+from .tables import WritePlan, build_segments, plan_writes
+
+
+@dataclass(frozen=True)
+class OscarForwardMetadata:
+    """Per-forward state shared by all layers."""
+
+    plan: WritePlan
+    segments: Segments  # decode: the whole cache incl. the new token; extend: the cached prefix
+    qo_indptr: torch.Tensor | None  # extend: int32 [B + 1] chunk row offsets
+    max_chunk: int
+
+
+def _host_max(values, fallback: torch.Tensor) -> int:
+    if values is not None and len(values):
+        return int(max(values))
+    return int(fallback.max().item()) if fallback.numel() else 0
+
+
+class OscarAttnBackend(AttentionBackend):
+    """`--attention-backend oscar`: INT2 history + BF16 sink/recent attention."""
+
+    def __init__(self, model_runner):
+        super().__init__()
+        pool = model_runner.token_to_kv_pool
+        if not isinstance(pool, OscarMHATokenToKVPool):
+            raise ValueError(f"--attention-backend oscar needs the OSCAR KV pool, got {type(pool).__name__}: "
+                             "is the oscar-ray plugin loaded in this process (SGLANG_PLUGINS)?")
+        self.pool = pool
+        self.device = model_runner.device
+        self.req_to_token = model_runner.req_to_token_pool.req_to_token
+        self.forward_metadata: OscarForwardMetadata | None = None
+
+    # --- metadata ----------------------------------------------------------------------------
+    def init_forward_metadata(self, forward_batch):
+        fb, pool = forward_batch, self.pool
+        mode = fb.forward_mode
+        if mode.is_idle():
+            self.forward_metadata = None
+            return
+        if mode.is_target_verify() or mode.is_draft_extend_v2() or mode.is_dllm_extend() or mode.is_split_prefill():
+            raise NotImplementedError(f"forward mode {mode} (speculative / diffusion / split prefill) is not "
+                                      "supported with the OSCAR backend")
+        max_len = _host_max(getattr(fb, "seq_lens_cpu", None), fb.seq_lens)
+        max_pages = -(-max_len // pool.page_size)
+        if mode.is_decode():
+            # one new token per request at position seq_len - 1, already counted in seq_lens
+            plan = plan_writes(pool.arena, fb.out_cache_loc, fb.seq_lens - 1, fb.req_pool_indices, fb.seq_lens,
+                               pool.slot_owner, pool.ring_tag)
+            seg = build_segments(pool.arena, self.req_to_token, fb.req_pool_indices, fb.seq_lens,
+                                 pool.slot_owner, pool.ring_tag, max_pages)
+            self.forward_metadata = OscarForwardMetadata(plan, seg, None, 1)
+            return
+        if not mode.is_extend():
+            raise NotImplementedError(f"forward mode {mode} is not supported with the OSCAR backend")
+        ext = fb.extend_seq_lens.to(torch.int64)
+        req_tok = torch.repeat_interleave(fb.req_pool_indices.to(torch.int64), ext)
+        final = torch.repeat_interleave(fb.seq_lens.to(torch.int64), ext)
+        # tags are updated before any layer reads, so a ring page this chunk overwrites is no
+        # longer claimed by the prefix page it mirrored (which is then read from INT2)
+        plan = plan_writes(pool.arena, fb.out_cache_loc, fb.positions, req_tok, final, pool.slot_owner,
+                           pool.ring_tag)
+        seg = build_segments(pool.arena, self.req_to_token, fb.req_pool_indices, fb.extend_prefix_lens,
+                             pool.slot_owner, pool.ring_tag, max_pages)
+        qo = torch.zeros(ext.shape[0] + 1, dtype=torch.int32, device=ext.device)
+        qo[1:] = torch.cumsum(ext, 0)
+        self.forward_metadata = OscarForwardMetadata(plan, seg, qo, _host_max(fb.extend_seq_lens_cpu, ext))
+
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int):
+        raise NotImplementedError("the OSCAR backend has no CUDA-graph path yet: launch with --disable-cuda-graph")
+
+    def get_cuda_graph_seq_len_fill_value(self):
+        return 1
+
+    # --- forward -----------------------------------------------------------------------------
+    @staticmethod
+    def _check_layer(layer) -> None:
+        if getattr(layer, "is_cross_attention", False):
+            raise NotImplementedError("cross attention is not supported with the OSCAR backend")
+        if getattr(layer, "sliding_window_size", -1) not in (-1, None) or (getattr(layer, "logit_cap", 0) or 0) > 0:
+            raise NotImplementedError(f"layer {layer.layer_id}: sliding windows / logit capping are not supported")
+        if layer.qk_head_dim != layer.v_head_dim:
+            raise NotImplementedError("OSCAR needs qk_head_dim == v_head_dim")
+
+    def _write(self, layer, k, v, save_kv_cache: bool) -> None:
+        if not save_kv_cache or k is None:
+            raise NotImplementedError("the OSCAR backend writes the cache itself; save_kv_cache=False means "
+                                      "another writer ran (fused rope+KV kernels must be off)")
+        h, d = layer.tp_k_head_num, layer.qk_head_dim
+        self.pool.oscar_write(layer.layer_id, k.reshape(-1, h, d), v.reshape(-1, h, d), self.forward_metadata.plan)
+
+    def _rotations(self, layer):
+        r_k, r_v, _, _ = self.pool.rotations.layer(layer.layer_id)
+        return r_k, (None if self.pool.oscar.settings.absorb_v else r_v)
+
+    def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
+        self._check_layer(layer)
+        self._write(layer, k, v, save_kv_cache)
+        hq, d = layer.tp_q_head_num, layer.qk_head_dim
+        r_k, r_v = self._rotations(layer)
+        o = int2_decode_attention(q.reshape(-1, hq, d), self.pool.paged_kv(layer.layer_id),
+                                  self.forward_metadata.segments, k_rotation=r_k, v_rotation=r_v,
+                                  sm_scale=layer.scaling)
+        return o.to(q.dtype).reshape(-1, hq * d)
+
+    def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
+        self._check_layer(layer)
+        self._write(layer, k, v, save_kv_cache)
+        hq, hkv, d = layer.tp_q_head_num, layer.tp_k_head_num, layer.qk_head_dim
+        r_k, r_v = self._rotations(layer)
+        meta = self.forward_metadata
+        o = int2_extend_attention(q.reshape(-1, hq, d), k.reshape(-1, hkv, d), v.reshape(-1, hkv, d),
+                                  self.pool.paged_kv(layer.layer_id), meta.segments, meta.qo_indptr,
+                                  max_chunk=meta.max_chunk, k_rotation=r_k, v_rotation=r_v,
+                                  sm_scale=layer.scaling)
+        return o.to(q.dtype).reshape(-1, hq * d)
+
+
+def create_oscar_backend(runner) -> OscarAttnBackend:
+    """Factory registered with sglang's register_attention_backend("oscar")."""
+    return OscarAttnBackend(runner)

@@ -1,0 +1,177 @@
+"""OscarMHATokenToKVPool: sglang's MHA token-to-KV pool holding the OSCAR INT2 + BF16 tiers.
+
+Extends `sglang.srt.mem_cache.memory_pool.MHATokenToKVPool` (sglang 0.5.23), whose docstring-
+level contract for subclasses chosen through `KVCacheConfigurator._resolve_kv_pool_class` is: take
+the same constructor arguments, override `_create_buffers` to change the storage.  sglang still
+owns the slot ids (allocator, radix cache, `req_to_token`); this pool owns what a slot holds:
+
+  per layer, K and V each (oscar_ray.kernels.layout shapes, page = --page-size P):
+    codes   uint8      [(size + P) / P, P, h, d/4]   every slot (slot s = page s//P, offset s%P)
+    scales  fp16|fp32  [(size + P) / P, P, h, 2·G]
+    bf16    bfloat16   [max_reqs·W + 1, P, h, d]      sink + recent arena (tables.ArenaLayout)
+  ring_tag int32 [max_reqs·W + 1], slot_owner int32 [(size + P) / P]: the ownership tags.
+
+Bytes per slot are PageGeometry.int2_token_bytes() (72 B per head-layer at d=128 with fp16 scales
+against 512 B in BF16); the arena is a fixed ArenaLayout.arena_bytes().  Only this module's
+backend (`--attention-backend oscar`) can read the layout, so the generic slot views
+(`get_key_buffer`) are the INT2 codes and the paths that copy raw KV rows (CPU offload, PD
+transfer, KV moves for speculative decoding) raise.  Loaded only by the plugin: imports sglang.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import logging
+from dataclasses import dataclass
+
+import torch
+from sglang.srt.constants import GPU_MEMORY_TYPE_KV_CACHE
+from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+
+from oscar_ray.kernels import PagedKV, bf16_write, int2_write
+
+from .settings import SCALE_BYTES, OscarSettings
+from .sharding import RankRotations
+from .tables import ArenaLayout, WritePlan
+
+logger = logging.getLogger(__name__)
+_SCALE_DTYPES = {2: torch.float16, 4: torch.float32}
+
+
+@dataclass(frozen=True)
+class OscarPoolSpec:
+    """What sglang's constructor arguments lack: plugin settings, request slots, this rank's rotations."""
+
+    settings: OscarSettings
+    max_reqs: int
+    rotations: RankRotations
+
+
+_PENDING: contextvars.ContextVar[OscarPoolSpec | None] = contextvars.ContextVar("oscar_pool_spec", default=None)
+
+
+@contextlib.contextmanager
+def pool_spec(spec: OscarPoolSpec):
+    """Scope in which sglang's configurator builds OscarMHATokenToKVPool with `spec` (set by the
+    plugin's hook on KVCacheConfigurator._build_token_to_kv_pool)."""
+    token = _PENDING.set(spec)
+    try:
+        yield
+    finally:
+        _PENDING.reset(token)
+
+
+class OscarMHATokenToKVPool(MHATokenToKVPool):
+    """INT2 + BF16 OSCAR storage behind sglang's slot ids (see the module docstring)."""
+
+    def __init__(self, *args, oscar: OscarPoolSpec | None = None, **kwargs):
+        spec = oscar or _PENDING.get()
+        if spec is None:
+            raise ValueError("OscarMHATokenToKVPool needs an OscarPoolSpec: pass oscar=... or build it inside "
+                             "pool_spec(...) (the plugin does, for --attention-backend oscar)")
+        self.oscar = spec
+        super().__init__(*args, **kwargs)
+
+    # --- storage -----------------------------------------------------------------------------
+    def _create_buffers(self):
+        if self.is_quantized_kv_cache or self.store_dtype != torch.bfloat16:
+            raise ValueError(f"the OSCAR pool stores its own INT2/BF16 tiers: keep --kv-cache-dtype auto with a "
+                             f"bfloat16 model, got {self.dtype}")
+        if self.post_capture_active or self.kv_cache_layout != "nhd":
+            raise ValueError(f"the OSCAR pool supports the NHD layout without post-capture backing, got "
+                             f"{self.kv_cache_layout!r}, post_capture={self.post_capture_active}")
+        if self.head_dim != self.v_head_dim:
+            raise ValueError(f"OSCAR needs head_dim == v_head_dim, got {self.head_dim} and {self.v_head_dim}")
+        rows = self.size + self.page_size
+        if rows % self.page_size:
+            raise ValueError(f"pool size {self.size} is not a whole number of pages of {self.page_size}")
+        s = self.oscar.settings
+        self.geometry = s.geometry(self.layer_num, self.head_num, self.head_dim, self.page_size)
+        self.arena = ArenaLayout(self.geometry, self.oscar.max_reqs)
+        g, h, d, p = self.geometry, self.head_num, self.head_dim, self.page_size
+        n_pages = rows // p
+        sdt = _SCALE_DTYPES[SCALE_BYTES[s.scale_dtype]]
+        dev = self.device
+
+        def per_layer(shape, dtype):
+            return [torch.zeros(shape, dtype=dtype, device=dev) for _ in range(self.layer_num)]
+
+        with self.memory_saver_adapter.region(GPU_MEMORY_TYPE_KV_CACHE):
+            self.k_codes = per_layer(g.int2_code_shape(n_pages), torch.uint8)
+            self.v_codes = per_layer(g.int2_code_shape(n_pages), torch.uint8)
+            self.k_scales = per_layer(g.int2_scale_shape(n_pages), sdt)
+            self.v_scales = per_layer(g.int2_scale_shape(n_pages), sdt)
+            self.k_bf16 = per_layer(g.bf16_shape(self.arena.n_pages), torch.bfloat16)
+            self.v_bf16 = per_layer(g.bf16_shape(self.arena.n_pages), torch.bfloat16)
+        self.ring_tag = torch.full((self.arena.n_pages,), -1, dtype=torch.int32, device=dev)
+        self.slot_owner = torch.full((n_pages,), -1, dtype=torch.int32, device=dev)
+        # slot-row views for sglang's generic bookkeeping (data pointers, size logs); never KV values
+        self.k_buffer = [c.view(rows, h, d // 4) for c in self.k_codes]
+        self.v_buffer = [c.view(rows, h, d // 4) for c in self.v_codes]
+        self.k_scale_buffer = self.v_scale_buffer = None
+        self.native_k_scale_buffer = self.native_v_scale_buffer = None
+        self.dq_k_buffer = self.dq_v_buffer = None
+        self._kv_buffer_descs = []
+        self._init_data_ptrs_and_strides()
+        for layer in range(self.layer_num):  # shapes, dtypes and strides as the kernels check them
+            self._paged(layer).geometry()
+        self.rotations = self.oscar.rotations.to(dev)
+        logger.info("OSCAR pool: %d slots x %d B INT2 + %d arena pages (%.2f GiB BF16), %d layers x %d KV heads",
+                    rows, g.int2_token_bytes(), self.arena.n_pages, self.arena.arena_bytes() / 2**30,
+                    self.layer_num, h)
+
+    def _paged(self, local_layer: int) -> PagedKV:
+        return PagedKV(self.k_codes[local_layer], self.k_scales[local_layer], self.v_codes[local_layer],
+                       self.v_scales[local_layer], self.k_bf16[local_layer], self.v_bf16[local_layer],
+                       group_size=self.geometry.group_size)
+
+    def paged_kv(self, layer_id: int) -> PagedKV:
+        """Both tiers of global layer `layer_id`, as oscar_ray.kernels read them."""
+        if self.layer_transfer_counter is not None:
+            self.layer_transfer_counter.wait_until(layer_id - self.start_layer)
+        return self._paged(layer_id - self.start_layer)
+
+    def get_kv_size_bytes(self):
+        """(K bytes, V bytes) actually allocated: INT2 codes + scales of every slot, plus the arena."""
+        def total(tensors):
+            return sum(t.numel() * t.element_size() for t in tensors)
+        return (total(self.k_codes) + total(self.k_scales) + total(self.k_bf16),
+                total(self.v_codes) + total(self.v_scales) + total(self.v_bf16))
+
+    # --- writes ------------------------------------------------------------------------------
+    def oscar_write(self, layer_id: int, k: torch.Tensor, v: torch.Tensor, plan: WritePlan) -> None:
+        """Store new K/V rows [N, h, d] (post-RoPE K; V in the R_V basis when absorbed) of one layer:
+        INT2 codes into every token's slot, rotated BF16 copies into the windows' arena pages."""
+        local = layer_id - self.start_layer
+        r_k, r_v, k_clip, v_clip = self.rotations.layer(layer_id)
+        r_v_write = None if self.oscar.settings.absorb_v else r_v  # absorbed: v already is v·R_V
+        gs = self.geometry.group_size
+        int2_write(k, r_k, k_clip, plan.int2_page, plan.int2_off, self.k_codes[local], self.k_scales[local], gs)
+        int2_write(v, r_v_write, v_clip, plan.int2_page, plan.int2_off, self.v_codes[local], self.v_scales[local],
+                   gs)
+        bf16_write(k, r_k, plan.bf16_page, plan.bf16_off, self.k_bf16[local])
+        bf16_write(v, r_v_write, plan.bf16_page, plan.bf16_off, self.v_bf16[local])
+
+    def set_kv_buffer(self, layer, loc_info, cache_k, cache_v, *args, **kwargs):
+        # Writing needs token positions and request slots, which this signature lacks; the OSCAR
+        # backend writes through oscar_write. Reaching here means another writer (a fused
+        # rope+KV kernel, another backend) would corrupt the cache silently.
+        raise NotImplementedError("the OSCAR pool is written by the 'oscar' attention backend only "
+                                  "(fused set_kv_buffer paths must be off: the plugin patches "
+                                  "sglang.srt.models.utils.enable_fused_set_kv_buffer)")
+
+    def _unsupported(self, what: str):
+        raise NotImplementedError(f"{what} is not supported with the OSCAR KV pool")
+
+    def get_cpu_copy(self, *args, **kwargs):
+        self._unsupported("CPU KV offload (get_cpu_copy)")
+
+    def load_cpu_copy(self, *args, **kwargs):
+        self._unsupported("CPU KV offload (load_cpu_copy)")
+
+    def get_contiguous_buf_infos(self):
+        self._unsupported("PD-disaggregation KV transfer")
+
+    def move_kv_cache(self, tgt_loc, src_loc):
+        self._unsupported("KV slot moves (speculative decoding)")
