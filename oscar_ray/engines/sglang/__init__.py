@@ -7,7 +7,8 @@ backend) import sglang and are loaded by sglang's plugin loader through the entr
 
 Launch (docs/sglang_plugin.md):
     OSCAR_ROTATIONS=/art/qwen3-8b python -m sglang.launch_server --model-path /models/Qwen3-8B \
-        --attention-backend oscar --page-size 64 --max-running-requests 64 --disable-cuda-graph
+        --attention-backend oscar --page-size 64 --max-running-requests 64 \
+        --cuda-graph-backend-decode disabled --cuda-graph-backend-prefill disabled
 """
 
 from .server_args import (OSCAR_BACKEND, SGLangEngineConfig, sglang_engine_kwargs, sglang_env,

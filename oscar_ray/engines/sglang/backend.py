@@ -55,6 +55,9 @@ class OscarAttnBackend(AttentionBackend):
             raise ValueError(f"--attention-backend oscar needs the OSCAR KV pool, got {type(pool).__name__}: "
                              "is the oscar-ray plugin loaded in this process (SGLANG_PLUGINS)?")
         self.pool = pool
+        # the names sglang's forward_context.get_token_to_kv_pool / get_req_to_token_pool read
+        self.token_to_kv_pool = pool
+        self.req_to_token_pool = model_runner.req_to_token_pool
         self.device = model_runner.device
         self.req_to_token = model_runner.req_to_token_pool.req_to_token
         self.forward_metadata: OscarForwardMetadata | None = None
@@ -95,7 +98,7 @@ class OscarAttnBackend(AttentionBackend):
         self.forward_metadata = OscarForwardMetadata(plan, seg, qo, _host_max(fb.extend_seq_lens_cpu, ext))
 
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int):
-        raise NotImplementedError("the OSCAR backend has no CUDA-graph path yet: launch with --disable-cuda-graph")
+        raise NotImplementedError("the OSCAR backend has no CUDA-graph path yet: launch with --cuda-graph-backend-decode disabled --cuda-graph-backend-prefill disabled")
 
     def get_cuda_graph_seq_len_fill_value(self):
         return 1

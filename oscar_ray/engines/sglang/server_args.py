@@ -87,9 +87,9 @@ def _core_kwargs(cfg: SGLangEngineConfig) -> dict[str, Scalar]:
     if cfg.kv_cache == "oscar":
         # One backend for prefill and decode (both phases read the mixed cache); page_size = the
         # OSCAR page so sink/recent windows are whole sglang pages; the backend has no CUDA-graph
-        # metadata path yet, so graphs are off.
+        # metadata path yet, so graphs are off (0.5.23 deprecates --disable-cuda-graph for these).
         kw.update(attention_backend=OSCAR_BACKEND, page_size=cfg.cache.page_size, kv_cache_dtype="auto",
-                  disable_cuda_graph=True)
+                  cuda_graph_backend_decode="disabled", cuda_graph_backend_prefill="disabled")
     return kw
 
 

@@ -28,7 +28,8 @@ def test_oscar_single_node():
     args = _pairs(sglang_server_args(cfg))
     assert args == {"--model-path": "/models/Qwen3-8B", "--tp-size": "4", "--max-running-requests": "32",
                     "--host": "127.0.0.1", "--port": "31000", "--attention-backend": "oscar", "--page-size": "64",
-                    "--kv-cache-dtype": "auto", "--disable-cuda-graph": True}
+                    "--kv-cache-dtype": "auto", "--cuda-graph-backend-decode": "disabled",
+                    "--cuda-graph-backend-prefill": "disabled"}
     assert "--nnodes" not in args
     env = sglang_env(cfg)
     assert env["OSCAR_ROTATIONS"] == "/art/q3"

@@ -1,0 +1,166 @@
+"""The OSCAR backend and pool through sglang's own objects: slots from PagedTokenToKVPoolAllocator,
+rows of ReqToTokenPool, ForwardBatch, RadixAttention, AttentionBackend.forward's dispatch; the
+kernels on Triton's interpreter.  Each forward is checked twice: the tier of every cached token
+(hand-derived from PageGeometry's rule and prefix ownership) and the attention output against an
+fp64 reference that quantises exactly those tokens (quant.int2) and keeps the rest in BF16.
+"""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+pytest.importorskip("sglang")
+
+from sglang.srt.layers.radix_attention import RadixAttention  # noqa: E402
+from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator  # noqa: E402
+from sglang.srt.mem_cache.memory_pool import ReqToTokenPool  # noqa: E402
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode  # noqa: E402
+
+from oscar_ray.engines.sglang.backend import OscarAttnBackend  # noqa: E402
+from oscar_ray.engines.sglang.pool import OscarMHATokenToKVPool, OscarPoolSpec  # noqa: E402
+from oscar_ray.engines.sglang.settings import OscarSettings  # noqa: E402
+from oscar_ray.engines.sglang.sharding import RankRotations  # noqa: E402
+from oscar_ray.quant.attention import reference_attention  # noqa: E402
+from oscar_ray.quant.clip import clip_rows  # noqa: E402
+from oscar_ray.quant.int2 import dequantize_int2, quantize_int2  # noqa: E402
+
+P, D, HQ, HKV, LAYERS = 16, 64, 4, 2, 2
+CLIP = (0.96, 0.92)
+
+
+def _orthogonal(*shape):
+    q, _ = torch.linalg.qr(torch.randn(*shape, dtype=torch.float64))
+    return q.float()
+
+
+class World:
+    """One sglang rank's cache objects with the OSCAR pool: sink 1 page, recent 2 pages."""
+
+    def __init__(self):
+        settings = OscarSettings(rotations="per-head test rotations", sink_tokens=P, recent_tokens=2 * P)
+        self.r_k = _orthogonal(LAYERS, HKV, D, D)
+        rot = RankRotations(0, self.r_k, _orthogonal(LAYERS, HKV, D, D), (CLIP[0],) * LAYERS, (CLIP[1],) * LAYERS)
+        self.req_pool = ReqToTokenPool(size=4, max_context_len=256, device="cpu", enable_memory_saver=False)
+        spec = OscarPoolSpec(settings, self.req_pool.req_to_token.shape[0], rot)
+        self.pool = OscarMHATokenToKVPool(size=512, page_size=P, dtype=torch.bfloat16, head_num=HKV, head_dim=D,
+                                          layer_num=LAYERS, device="cpu", enable_memory_saver=False, oscar=spec)
+        self.alloc = PagedTokenToKVPoolAllocator(512, P, torch.bfloat16, "cpu", self.pool, False)
+        runner = SimpleNamespace(token_to_kv_pool=self.pool, req_to_token_pool=self.req_pool, device="cpu")
+        self.backend = OscarAttnBackend(runner)
+        self.layers = [RadixAttention(HQ, D, D**-0.5, HKV, layer_id=i) for i in range(LAYERS)]
+        self.kv = {}  # req slot → per layer (k, v) float32 [n, HKV, D] of every cached position
+        self.lens = {}
+
+    def grow(self, req, n_new, share=None):
+        """Slots for n_new more tokens (whole new pages, as sglang's paged allocator hands out)."""
+        start = self.lens.get(req, 0)
+        if share is not None:
+            src, pages = share
+            start = pages * P
+            self.req_pool.req_to_token[req, :start] = self.req_pool.req_to_token[src, :start]
+            self.kv[req] = [(k[:start].clone(), v[:start].clone()) for k, v in self.kv[src]]
+        end = start + n_new
+        first_new_page = -(-start // P)
+        need = -(-end // P) - first_new_page
+        if need:
+            slots = self.alloc.alloc(need * P)
+            self.req_pool.req_to_token[req, first_new_page * P:(first_new_page + need) * P] = slots.to(torch.int32)
+        self.lens[req] = end
+        return start, end
+
+    def forward(self, mode, reqs, n_new, shares=None):
+        """Run one batch: every layer through AttentionBackend.forward; returns per layer
+        (q, k, v, output) and the per-request (prefix or cache) lengths."""
+        shares = shares or {}
+        spans = [self.grow(r, n, shares.get(r)) for r, n in zip(reqs, n_new)]
+        loc = torch.cat([self.req_pool.req_to_token[r, s:e].long() for r, (s, e) in zip(reqs, spans)])
+        pos = torch.cat([torch.arange(s, e) for s, e in spans])
+        t = loc.shape[0]
+        seq = torch.tensor([e for _, e in spans])
+        fb = ForwardBatch(forward_mode=mode, batch_size=len(reqs), input_ids=torch.zeros(t, dtype=torch.int64),
+                          req_pool_indices=torch.tensor(reqs), seq_lens=seq, out_cache_loc=loc,
+                          seq_lens_sum=int(seq.sum()), seq_lens_cpu=seq.clone(), positions=pos)
+        if mode == ForwardMode.EXTEND:
+            fb.extend_seq_lens = torch.tensor(n_new, dtype=torch.int32)
+            fb.extend_prefix_lens = torch.tensor([s for s, _ in spans], dtype=torch.int32)
+            fb.extend_seq_lens_cpu, fb.extend_prefix_lens_cpu = list(n_new), [s for s, _ in spans]
+        self.backend.init_forward_metadata(fb)
+        out = []
+        for layer in self.layers:
+            q = torch.randn(t, HQ * D).to(torch.bfloat16)
+            k, v = (torch.randn(t, HKV, D).to(torch.bfloat16) for _ in range(2))
+            o = self.backend.forward(q, k, v, layer, fb)
+            out.append((q, k, v, o))
+            for b, (r, (s, e)) in enumerate(zip(reqs, spans)):
+                rows = slice(int(sum(n_new[:b])), int(sum(n_new[: b + 1])))
+                old = self.kv.setdefault(r, [(torch.empty(0, HKV, D), torch.empty(0, HKV, D))] * LAYERS)
+                ko, vo = old[layer.layer_id]
+                old = list(old)
+                old[layer.layer_id] = (torch.cat([ko[:s], k[rows].float()]), torch.cat([vo[:s], v[rows].float()]))
+                self.kv[r] = old
+        return spans, out, self.backend.forward_metadata.segments
+
+
+def _tiered(x, r, clip, bf16_mask):
+    """Cached rows [n, HKV, D] as the pool serves them, in the rotated basis: BF16 where bf16_mask,
+    else INT2 (clip → quantise → dequantise, fp16 scales, one group per row)."""
+    xr = x.double() if r is None else torch.einsum("nhi,hij->nhj", x.double(), r.double())
+    codes, scales = quantize_int2(clip_rows(xr.float(), clip), None, "float16")
+    deq = dequantize_int2(codes, scales, None).double()
+    return torch.where(bf16_mask[:, None, None], xr.float().to(torch.bfloat16).double(), deq)
+
+
+def _check(world, reqs, spans, out, seg, bf16_sets, decode):
+    for b, (req, (start, end)) in enumerate(zip(reqs, spans)):
+        n_cached = end if decode else start
+        mask = torch.zeros(n_cached, dtype=torch.bool)
+        for lo, hi in bf16_sets[b]:
+            mask[lo:hi] = True
+        assert (int(seg.bf16_lens[b]), int(seg.int2_lens[b])) == (int(mask.sum()), n_cached - int(mask.sum()))
+        rows = slice(sum(e - s for s, e in spans[:b]), sum(e - s for s, e in spans[: b + 1]))
+        for layer_id, (q, k, v, o) in enumerate(out):
+            r_k = world.r_k[layer_id]
+            kc, vc = world.kv[req][layer_id]
+            keys = _tiered(kc[:n_cached], r_k, CLIP[0], mask)
+            vals = _tiered(vc[:n_cached], None, CLIP[1], mask)  # V absorbed: stored as given
+            qr = torch.einsum("nhgi,hij->nhgj", q[rows].double().reshape(-1, HKV, HQ // HKV, D), r_k.double())
+            qr = qr.reshape(-1, HQ, D)
+            if not decode:  # the chunk itself attends at full precision, causally
+                k_new = torch.einsum("nhi,hij->nhj", k[rows].double(), r_k.double())
+                keys, vals = torch.cat([keys, k_new]), torch.cat([vals, v[rows].double()])
+            ref = reference_attention(qr, keys, vals, causal=not decode)
+            got = o[rows].double().reshape(-1, HQ, D)
+            # all-BF16 reading of the same cache: a wrong tier moves the output by about this much
+            alt_keys = _tiered(kc[:n_cached], r_k, CLIP[0], torch.ones_like(mask))
+            alt_vals = _tiered(vc[:n_cached], None, CLIP[1], torch.ones_like(mask))
+            if not decode:
+                alt_keys, alt_vals = torch.cat([alt_keys, keys[n_cached:]]), torch.cat([alt_vals, vals[n_cached:]])
+            alt = reference_attention(qr, alt_keys, alt_vals, causal=not decode)
+            err = (got - ref).abs().max().item()
+            assert err < 2e-2, f"request slot {req}, layer {layer_id}: max error {err}"
+            if not mask.all():
+                assert err < 0.25 * (alt - ref).abs().max().item()
+
+
+@pytest.mark.slow
+def test_chunked_prefill_decode_ring_wrap_and_prefix_hit(seed):
+    w = World()
+    a, b = 1, 2
+    # A: two prefill chunks (40 + 55), windows at 95: sink page 0 + pages 3..5 ...
+    spans, out, seg = w.forward(ForwardMode.EXTEND, [a], [40])
+    _check(w, [a], spans, out, seg, [[]], decode=False)
+    spans, out, seg = w.forward(ForwardMode.EXTEND, [a], [55])
+    # ... so chunk 2 reads its prefix: page 0 BF16; pages 1..2 INT2 (their ring pages now hold 4..5)
+    _check(w, [a], spans, out, seg, [[(0, 16)]], decode=False)
+    # decode at 95 (n 96: window 0, 4, 5) and at 96 (n 97: page 6 takes page 3's ring page)
+    spans, out, seg = w.forward(ForwardMode.DECODE, [a], [1])
+    _check(w, [a], spans, out, seg, [[(0, 16), (64, 96)]], decode=True)
+    spans, out, seg = w.forward(ForwardMode.DECODE, [a], [1])
+    _check(w, [a], spans, out, seg, [[(0, 16), (64, 97)]], decode=True)
+    # B: a radix-cache hit on A's first 3 pages (slot ids shared, BF16 copies not): prefix all INT2
+    spans, out, seg = w.forward(ForwardMode.EXTEND, [b], [20], shares={b: (a, 3)})
+    _check(w, [b], spans, out, seg, [[]], decode=False)
+    # A and B decode in one batch: B's own pages 3..4 are BF16, its shared ones INT2
+    spans, out, seg = w.forward(ForwardMode.DECODE, [a, b], [1, 1])
+    _check(w, [a, b], spans, out, seg, [[(0, 16), (64, 98)], [(48, 69)]], decode=True)
