@@ -106,7 +106,8 @@ def bench_decode(batch: int, ctx: int, args, device: str) -> list[str] | None:
                                  type(seg)(*[t.clone() for t in _tensors(seg)])) for _ in range(copies - 1)]
         return [lambda c=c: int2_decode_attention(q, c[0], c[1], num_splits=splits, block_n=args.block_n,
                                                   num_warps=args.num_warps, num_stages=args.num_stages,
-                                                  precision=args.precision) for c in caches]
+                                                  precision=args.precision, max_registers=args.max_registers)
+                for c in caches]
 
     t_ours = time_calls(ours, ours_bytes, args)
     del kv, seg
@@ -225,13 +226,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--extend-chunk", type=int, default=2048)
     p.add_argument("--replays", type=int, default=20)
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--scale-dtype", default="float32", choices=["float16", "float32"])
+    p.add_argument("--scale-dtype", default="float16", choices=["float16", "float32"],
+                   help="INT2 scale storage (fp16 is OscarCacheConfig's default)")
     p.add_argument("--precision", default="bf16", choices=["ieee", "tf32", "bf16", "fp16"])
     p.add_argument("--extend-precision", default="bf16", choices=["ieee", "tf32", "bf16", "fp16"])
     p.add_argument("--num-splits", type=int, default=None, help="INT2 splits (default: default_num_splits)")
-    p.add_argument("--block-n", type=int, default=64)
+    p.add_argument("--block-n", type=int, default=128)
     p.add_argument("--num-warps", type=int, default=4)
-    p.add_argument("--num-stages", type=int, default=2)
+    p.add_argument("--num-stages", type=int, default=3)
+    p.add_argument("--max-registers", type=int, default=None, help="ptxas maxnreg for the INT2 stage-1 kernel")
     p.add_argument("--peak-gbs", type=float, default=4600.0, help="HBM bandwidth for the %% column (H200)")
     args = p.parse_args(argv)
     args.scale_dtype = getattr(torch, args.scale_dtype)
@@ -261,7 +264,8 @@ def main(argv: list[str] | None = None) -> int:
         f" python {sys.version.split()[0]}",
         f"- geometry: {HQ} q heads, {HKV} KV heads, d {D}, page {PAGE}; BF16 sink {SINK} + recent {RECENT} tokens,"
         f" INT2 rest; scales {str(args.scale_dtype).split('.')[-1]}; decode precision {args.precision},"
-        f" block_n {args.block_n}, warps {args.num_warps}, stages {args.num_stages}",
+        f" block_n {args.block_n}, warps {args.num_warps}, stages {args.num_stages},"
+        f" maxnreg {args.max_registers or 'ptxas default'}",
         f"- {how}; µs per call = median (p20–p80); GB/s on bytes read (INT2 codes + scales + BF16 tokens"
         f" + q/o; SDPA: BF16 K/V + q/o); % of {args.peak_gbs / 1000:.1f} TB/s; speedup = SDPA µs / ours µs", "",
         "## Decode (one query per request, one layer)", "",

@@ -120,6 +120,56 @@ def _codes4(codes_ptr, cbase, nmask, QD: tl.constexpr, TRANS: tl.constexpr, PREC
             _op(((packed >> 4) & 3).to(tl.float32), PRECISION), _op(((packed >> 6) & 3).to(tl.float32), PRECISION))
 
 
+# bf16 bit pattern of 128.0: its ulp is 1, so OR-ing a code c ∈ 0..3 into the low mantissa bits gives
+# exactly 128 + c.  Three integer ops per element (shift, and, or) replace the uint8 → bf16 conversion
+# (I2F, a quarter-rate unit on sm_90: 128 per thread per 64-token K+V tile at 4 warps, ~1000 cycles
+# per tile per SM, the decode kernel's bottleneck).  The +128 folds into the zero points for free.
+CODE_OFFSET = tl.constexpr(128.0)
+# Four packed bytes (one 32-bit register, elements e0..e3) → quarters k = 0..3 as bf16 pairs
+# (e0, e1), (e2, e3): prmt spreads the bytes into the two 16-bit lanes once, then per quarter one
+# shift and one and-or (lop3) make two elements: ~1.1 integer ops per element instead of ~4 (byte
+# extract, shift, mask, or, pack) when written elementwise in Triton.
+_UNPACK4_ASM = tl.constexpr("""{
+    .reg .b32 lo, hi, t;
+    prmt.b32 lo, $8, 0, 0x4140;
+    prmt.b32 hi, $8, 0, 0x4342;
+    and.b32 t, lo, 0x00030003;      or.b32 $0, t, 0x43004300;
+    and.b32 t, hi, 0x00030003;      or.b32 $1, t, 0x43004300;
+    shr.b32 t, lo, 2; and.b32 t, t, 0x00030003; or.b32 $2, t, 0x43004300;
+    shr.b32 t, hi, 2; and.b32 t, t, 0x00030003; or.b32 $3, t, 0x43004300;
+    shr.b32 t, lo, 4; and.b32 t, t, 0x00030003; or.b32 $4, t, 0x43004300;
+    shr.b32 t, hi, 4; and.b32 t, t, 0x00030003; or.b32 $5, t, 0x43004300;
+    shr.b32 t, lo, 6; and.b32 t, t, 0x00030003; or.b32 $6, t, 0x43004300;
+    shr.b32 t, hi, 6; and.b32 t, t, 0x00030003; or.b32 $7, t, 0x43004300;
+}""")
+
+
+@triton.jit
+def _codes4_offset(codes_ptr, cbase, nmask, QD: tl.constexpr, TRANS: tl.constexpr, PRECISION: tl.constexpr):
+    """The four code quarters as bf16 dot operands holding c + CODE_OFFSET (exact), for "bf16" precision.
+
+    Under the interpreter ("bf16_interp") the same values are made by fp32 addition, since its bf16
+    bitcast is not a float; the algebra the caller applies (zero point + CODE_OFFSET) is identical.
+    Masked tokens read code 0 (value CODE_OFFSET), which their zero scale / −inf score discards.
+    """
+    col = tl.arange(0, QD)
+    if TRANS:
+        packed = tl.load(codes_ptr + cbase[None, :] + col[:, None], mask=nmask[None, :], other=0)
+    else:
+        packed = tl.load(codes_ptr + cbase[:, None] + col[None, :], mask=nmask[:, None], other=0)
+    if PRECISION == "bf16":
+        c0, c1, c2, c3 = tl.inline_asm_elementwise(_UNPACK4_ASM, "=r,=r,=r,=r,=r,=r,=r,=r,r", [packed],
+                                                   dtype=(tl.bfloat16, tl.bfloat16, tl.bfloat16, tl.bfloat16),
+                                                   is_pure=True, pack=4)
+    else:
+        packed = packed.to(tl.int16)
+        c0 = (packed & 3).to(tl.float32) + CODE_OFFSET
+        c1 = ((packed >> 2) & 3).to(tl.float32) + CODE_OFFSET
+        c2 = ((packed >> 4) & 3).to(tl.float32) + CODE_OFFSET
+        c3 = ((packed >> 6) & 3).to(tl.float32) + CODE_OFFSET
+    return c0, c1, c2, c3
+
+
 @triton.jit
 def _dequant4(codes_ptr, scales_ptr, cbase, sbase, nmask, QD: tl.constexpr, GS: tl.constexpr,
               TRANS: tl.constexpr):
@@ -189,17 +239,28 @@ def _int2_step(q0, q1, q2, q3, qsum, kc_ptr, ks_ptr, vc_ptr, vs_ptr, cbase, sbas
     per row fall back to dequantising each element.
     """
     if GS == 4 * QD:
-        k0, k1, k2, k3 = _codes4(kc_ptr, cbase, nmask, QD, True, PRECISION)
+        OFFSET: tl.constexpr = PRECISION == "bf16" or PRECISION == "bf16_interp"
+        if OFFSET:
+            k0, k1, k2, k3 = _codes4_offset(kc_ptr, cbase, nmask, QD, True, PRECISION)
+        else:
+            k0, k1, k2, k3 = _codes4(kc_ptr, cbase, nmask, QD, True, PRECISION)
         ks = tl.load(ks_ptr + sbase, mask=nmask, other=0.0).to(tl.float32)
         kz = tl.load(ks_ptr + sbase + 1, mask=nmask, other=0.0).to(tl.float32)
+        if OFFSET:
+            kz = kz + CODE_OFFSET
         qc = _qk4(q0, q1, q2, q3, k0, k1, k2, k3, PRECISION)
         qk = tl.where(nmask[None, :], ks[None, :] * (qc - kz[None, :] * qsum[:, None]), float("-inf"))
         m, alpha, p, l = _softmax_p(qk, m, l)
         vs = tl.load(vs_ptr + sbase, mask=nmask, other=0.0).to(tl.float32)
         vz = tl.load(vs_ptr + sbase + 1, mask=nmask, other=0.0).to(tl.float32)
+        if OFFSET:
+            vz = vz + CODE_OFFSET
         ps = _op(p * vs[None, :], PRECISION)
         corr = tl.sum(ps.to(tl.float32) * vz[None, :], 1)[:, None]
-        v0, v1, v2, v3 = _codes4(vc_ptr, cbase, nmask, QD, False, PRECISION)
+        if OFFSET:
+            v0, v1, v2, v3 = _codes4_offset(vc_ptr, cbase, nmask, QD, False, PRECISION)
+        else:
+            v0, v1, v2, v3 = _codes4(vc_ptr, cbase, nmask, QD, False, PRECISION)
         a0, a1, a2, a3 = _pv4(ps, v0, v1, v2, v3, a0, a1, a2, a3, alpha, corr, PRECISION)
     else:
         k0, k1, k2, k3 = _dequant4(kc_ptr, ks_ptr, cbase, sbase, nmask, QD, GS, True)

@@ -99,19 +99,19 @@ def _decode_merge_kernel(mid_o_ptr, mid_lse_ptr, out_ptr, sob, soh, n_q_heads, t
 
 
 def default_num_splits(batch: int, n_kv_heads: int, max_len: int | None = None, num_sms: int = H200_SMS,
-                       block_n: int = 64) -> int:
-    """INT2 splits per (request, KV head): about 4 stage-1 programs per SM (H200: 528), at most 64.
+                       block_n: int = 128) -> int:
+    """INT2 splits per (request, KV head): about 8 stage-1 programs per SM (H200: 1056), at most 128.
 
-    At the defaults (BLOCK_N 64, 4 warps, bf16) ptxas reports 158 registers, so 3 programs fit an
-    SM at once and 4·SMs programs make ~1.3 waves, enough loads in flight for HBM bandwidth:
-    bs 1 × 8 KV heads → 64 splits (2K tokens each at 128K), bs 8 → 9, bs 32 → 3.  With a length
-    hint each split keeps ≥ 4 tiles, so a short context is not cut into mostly-merge-overhead pieces.
-    Untuned on hardware: benchmarks/decode_attention.py --num-splits overrides it.
+    Measured on the H200 (benchmarks/results/decode_h200.md, sweep): the stage-1 kernel is latency
+    bound at 3 resident programs per SM (150 registers a thread at BLOCK_N 128, 4 warps), so more,
+    shorter splits keep more loads in flight: bs 8 × 8 KV heads at 128K ran 927 µs with 9 splits
+    and 714 µs with 18.  bs 1 → 128 splits (1K tokens each at 128K), bs 8 → 17, bs 32 → 5.  With a
+    length hint each split keeps ≥ 4 tiles, so a short context is not cut into mostly-merge pieces.
     """
-    splits = math.ceil(4 * num_sms / max(1, batch * n_kv_heads))
+    splits = math.ceil(8 * num_sms / max(1, batch * n_kv_heads))
     if max_len is not None:
         splits = min(splits, max(1, math.ceil(max_len / (4 * block_n))))
-    return max(1, min(64, splits))
+    return max(1, min(128, splits))
 
 
 def default_bf16_splits(batch: int, n_kv_heads: int, num_sms: int = H200_SMS) -> int:
@@ -122,9 +122,9 @@ def default_bf16_splits(batch: int, n_kv_heads: int, num_sms: int = H200_SMS) ->
 def int2_decode_attention(q: torch.Tensor, kv: PagedKV, seg: Segments, *, k_rotation: torch.Tensor | None = None,
                           v_rotation: torch.Tensor | None = None, sm_scale: float | None = None,
                           num_splits: int | None = None, bf16_splits: int | None = None,
-                          max_int2_len: int | None = None, block_n: int = 64, bf16_block_n: int = 64,
-                          num_warps: int = 4, num_stages: int = 2, precision: str = "bf16",
-                          num_sms: int = H200_SMS) -> torch.Tensor:
+                          max_int2_len: int | None = None, block_n: int = 128, bf16_block_n: int = 64,
+                          num_warps: int = 4, num_stages: int = 3, precision: str = "bf16",
+                          num_sms: int = H200_SMS, max_registers: int | None = None) -> torch.Tensor:
     """One decode query per request over its INT2 + BF16 tokens → o [B, Hq, d] float32.
 
     q [B, Hq, d] is in the rotated K basis unless k_rotation (fp32 [d, d] or [H_kv, d, d]) is given,
@@ -135,6 +135,8 @@ def int2_decode_attention(q: torch.Tensor, kv: PagedKV, seg: Segments, *, k_rota
     unit tests, but overflows beyond ±65504 (BF16-tier K/V or |q|·0.13); "tf32" (11 bits, fp32
     range, 1.7× the shared memory and 1.2× the registers at sm_90); "ieee": fp32 FMA, for checks.
     No host sync: pass num_splits (or max_int2_len) to tune; the grid does not depend on lengths.
+    max_registers caps the INT2 stage-1 kernel's registers a thread (ptxas maxnreg), trading spills
+    for resident programs; None lets ptxas choose.
     Example: o = int2_decode_attention(q, PagedKV(...), Segments(...), k_rotation=R_K, v_rotation=R_V)
     """
     geo = kv.geometry()
@@ -148,7 +150,7 @@ def int2_decode_attention(q: torch.Tensor, kv: PagedKV, seg: Segments, *, k_rota
         check_pow2(name, value, minimum=16)
     check_rotation("k_rotation", k_rotation, d, hkv, kv.device)
     check_rotation("v_rotation", v_rotation, d, hkv, kv.device)
-    for name, value in (("num_splits", num_splits), ("bf16_splits", bf16_splits)):
+    for name, value in (("num_splits", num_splits), ("bf16_splits", bf16_splits), ("max_registers", max_registers)):
         if value is not None:
             check_positive(name, value)
     g = hq // hkv
@@ -171,7 +173,8 @@ def int2_decode_attention(q: torch.Tensor, kv: PagedKV, seg: Segments, *, k_rota
         q, kv.k_codes, kv.k_scales, kv.v_codes, kv.v_scales, t2, seg.int2_lens,
         mid_o, mid_lse, qk_scale, q.stride(0), q.stride(1), *kv.k_codes.stride()[:3], *kv.k_scales.stride()[:3],
         t2.stride(0), hq, 0, total,
-        PAGE=geo.int2_page_size, INT2=True, NUM_SPLITS=s2, BLOCK_N=block_n, **common)
+        PAGE=geo.int2_page_size, INT2=True, NUM_SPLITS=s2, BLOCK_N=block_n, **common,
+        **({} if max_registers is None else {"maxnreg": max_registers}))
     _decode_stage1_kernel[(b, hkv, s16)](
         q, kv.k_bf16, kv.k_bf16, kv.v_bf16, kv.v_bf16, t16, seg.bf16_lens,
         mid_o, mid_lse, qk_scale, q.stride(0), q.stride(1), *kv.k_bf16.stride()[:3], 0, 0, 0,

@@ -11,6 +11,8 @@ products and their sums are representable, which the unit tests use to pin the c
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -23,26 +25,38 @@ from ._validate import FLOAT_ROWS, SCALE_DTYPES, check_pow2, check_rotation, che
 
 @triton.jit
 def _load_rotated_rows(x_ptr, r_ptr, n, rmask, h, sxn, sxh, srh,
-                       D: tl.constexpr, ROTATE: tl.constexpr):
-    """x[n, h, :] for the BR tokens n of one KV head h → fp32 [BR, D], times R[h] when ROTATE."""
+                       D: tl.constexpr, ROTATE: tl.constexpr, KC: tl.constexpr):
+    """x[n, h, :] for the BR tokens n of one KV head h → fp32 [BR, D], times R[h] when ROTATE.
+
+    x·R runs as D/KC dots over KC-row slices of R: holding all of R (fp32 [128, 128] = 64 KB, 128
+    registers a thread at 4 warps) spilled ~7 KB of stack per thread and made bf16_write take
+    ~150 µs for any batch; a [16, D] slice is 16 registers.  On the GPU the "ieee" dot is a chain
+    of FMAs in ascending k either way, so slicing changes no bit; the interpreter's numpy matmul sums
+    in its own order, so there the launcher passes KC = D (one dot, as torch's reference sums).
+    """
     cols = tl.arange(0, D)
-    ptrs = x_ptr + n.to(tl.int64)[:, None] * sxn + h * sxh + cols[None, :]
-    x = tl.load(ptrs, mask=rmask[:, None], other=0.0).to(tl.float32)
+    rows = x_ptr + n.to(tl.int64)[:, None] * sxn + h * sxh
     if ROTATE:
-        r = tl.load(r_ptr + h * srh + cols[:, None] * D + cols[None, :])
-        x = tl.dot(x, r, input_precision="ieee")  # tf32 would round x and R to 10 mantissa bits
+        kc = tl.arange(0, KC)
+        x = tl.zeros([n.shape[0], D], tl.float32)
+        for k0 in tl.static_range(0, D, KC):
+            xk = tl.load(rows + k0 + kc[None, :], mask=rmask[:, None], other=0.0).to(tl.float32)
+            r = tl.load(r_ptr + h * srh + (k0 + kc)[:, None] * D + cols[None, :])
+            x = tl.dot(xk, r, x, input_precision="ieee")  # tf32 would round x and R to 10 mantissa bits
+    else:
+        x = tl.load(rows + cols[None, :], mask=rmask[:, None], other=0.0).to(tl.float32)
     return x
 
 
 @triton.jit
 def _int2_write_kernel(x_ptr, r_ptr, page_ptr, off_ptr, codes_ptr, scales_ptr, n_tokens,
                        sxn, sxh, srh, scp, sco, sch, ssp, sso, ssh,
-                       D: tl.constexpr, GS: tl.constexpr, BR: tl.constexpr, ROTATE: tl.constexpr,
+                       D: tl.constexpr, GS: tl.constexpr, BR: tl.constexpr, ROTATE: tl.constexpr, KC: tl.constexpr,
                        CLIP: tl.constexpr, CLIP_IDX: tl.constexpr, SCALE_FP16: tl.constexpr):
     h = tl.program_id(1)
     n = tl.program_id(0) * BR + tl.arange(0, BR)
     rmask = n < n_tokens
-    x = _load_rotated_rows(x_ptr, r_ptr, n, rmask, h, sxn, sxh, srh, D, ROTATE)
+    x = _load_rotated_rows(x_ptr, r_ptr, n, rmask, h, sxn, sxh, srh, D, ROTATE, KC)
     if CLIP:
         x = _clip_rows(x, CLIP_IDX)
     page = tl.load(page_ptr + n, mask=rmask, other=0).to(tl.int64)
@@ -54,11 +68,11 @@ def _int2_write_kernel(x_ptr, r_ptr, page_ptr, off_ptr, codes_ptr, scales_ptr, n
 
 @triton.jit
 def _bf16_write_kernel(x_ptr, r_ptr, page_ptr, off_ptr, out_ptr, n_tokens, sxn, sxh, srh, sop, soo, soh,
-                       D: tl.constexpr, BR: tl.constexpr, ROTATE: tl.constexpr):
+                       D: tl.constexpr, BR: tl.constexpr, ROTATE: tl.constexpr, KC: tl.constexpr):
     h = tl.program_id(1)
     n = tl.program_id(0) * BR + tl.arange(0, BR)
     rmask = n < n_tokens
-    x = _load_rotated_rows(x_ptr, r_ptr, n, rmask, h, sxn, sxh, srh, D, ROTATE)
+    x = _load_rotated_rows(x_ptr, r_ptr, n, rmask, h, sxn, sxh, srh, D, ROTATE, KC)
     page = tl.load(page_ptr + n, mask=rmask, other=0).to(tl.int64)
     off = tl.load(off_ptr + n, mask=rmask, other=0)
     ptrs = out_ptr + (page * sop + off * soo + h * soh)[:, None] + tl.arange(0, D)[None, :]
@@ -104,6 +118,11 @@ def _check_rows_and_slots(x, page_ids, offsets) -> tuple[int, int, int]:
     return n, h, d
 
 
+def _rotation_chunk(d: int) -> int:
+    """Rows of R per rotation dot (see _load_rotated_rows): 16 compiled, all of them interpreted."""
+    return d if os.environ.get("TRITON_INTERPRET") == "1" else 16
+
+
 def _clip_args(clip_ratio: float, d: int) -> tuple[bool, int]:
     """(CLIP, CLIP_IDX); ratio 0 disables, and idx d−1 (τ = max |x|) is the identity, so both skip it."""
     idx = clip_index(check_ratio(clip_ratio), d)
@@ -131,7 +150,7 @@ def int2_write(x: torch.Tensor, rotation: torch.Tensor | None, clip_ratio: float
         x, x if r is None else r, page_ids, offsets, codes, scales, n,
         x.stride(0), x.stride(1), 0 if r is None or r.ndim == 2 else d * d,
         codes.stride(0), codes.stride(1), codes.stride(2), scales.stride(0), scales.stride(1), scales.stride(2),
-        D=d, GS=gs, BR=block_rows, ROTATE=r is not None, CLIP=clip, CLIP_IDX=idx,
+        D=d, GS=gs, BR=block_rows, ROTATE=r is not None, KC=_rotation_chunk(d), CLIP=clip, CLIP_IDX=idx,
         SCALE_FP16=scales.dtype == torch.float16, num_warps=num_warps)
 
 
@@ -150,7 +169,7 @@ def bf16_write(x: torch.Tensor, rotation: torch.Tensor | None, page_ids: torch.T
         x, x if r is None else r, page_ids, offsets, pages, n,
         x.stride(0), x.stride(1), 0 if r is None or r.ndim == 2 else d * d,
         pages.stride(0), pages.stride(1), pages.stride(2),
-        D=d, BR=block_rows, ROTATE=r is not None, num_warps=num_warps)
+        D=d, BR=block_rows, ROTATE=r is not None, KC=_rotation_chunk(d), num_warps=num_warps)
 
 
 def demote_pages(bf16_pages: torch.Tensor, src_page_ids: torch.Tensor, dst_page_ids: torch.Tensor,

@@ -32,9 +32,9 @@ SCRIPT = textwrap.dedent('''
     for fp16, gs in ((True, 128), (False, 64)):
         check(write._int2_write_kernel, dict(x_ptr=P("bf16"), r_ptr=P("fp32"), page_ptr=P("i32"), off_ptr=P("i32"),
               codes_ptr=P("u8"), scales_ptr=P("fp16" if fp16 else "fp32")),
-              dict(D=128, GS=gs, BR=16, ROTATE=True, CLIP=True, CLIP_IDX=122, SCALE_FP16=fp16))
+              dict(D=128, GS=gs, BR=16, ROTATE=True, KC=16, CLIP=True, CLIP_IDX=122, SCALE_FP16=fp16))
     check(write._bf16_write_kernel, dict(x_ptr=P("bf16"), r_ptr=P("fp32"), page_ptr=P("i32"), off_ptr=P("i32"),
-          out_ptr=P("bf16")), dict(D=128, BR=16, ROTATE=True))
+          out_ptr=P("bf16")), dict(D=128, BR=16, ROTATE=True, KC=16))
     check(write._demote_pages_kernel, dict(src_ptr=P("bf16"), src_ids_ptr=P("i32"), dst_ids_ptr=P("i32"),
           codes_ptr=P("u8"), scales_ptr=P("fp32")), dict(D=128, GS=128, BR=8, CLIP=True, CLIP_IDX=122,
           SCALE_FP16=False))
