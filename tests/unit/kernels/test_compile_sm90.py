@@ -38,17 +38,17 @@ SCRIPT = textwrap.dedent('''
     check(write._demote_pages_kernel, dict(src_ptr=P("bf16"), src_ids_ptr=P("i32"), dst_ids_ptr=P("i32"),
           codes_ptr=P("u8"), scales_ptr=P("fp32")), dict(D=128, GS=128, BR=8, CLIP=True, CLIP_IDX=122,
           SCALE_FP16=False))
-    d1 = dict(q_ptr=P("fp32"), k_ptr=P("u8"), ks_ptr=P("fp32"), v_ptr=P("u8"), vs_ptr=P("fp32"), table_ptr=P("i32"),
-              lens_ptr=P("i32"), mid_o_ptr=P("fp32"), mid_lse_ptr=P("fp32"), qk_scale="fp32")
-    d16 = dict(d1, k_ptr=P("bf16"), ks_ptr=P("bf16"), v_ptr=P("bf16"), vs_ptr=P("bf16"))
+    d1 = dict(q_ptr=P("fp32"), kc_ptr=P("u8"), ks_ptr=P("fp32"), vc_ptr=P("u8"), vs_ptr=P("fp32"), t2_ptr=P("i32"),
+              l2_ptr=P("i32"), kb_ptr=P("bf16"), vb_ptr=P("bf16"), t16_ptr=P("i32"), l16_ptr=P("i32"),
+              mid_o_ptr=P("fp32"), mid_lse_ptr=P("fp32"), qk_scale="fp32")
     for prec in ("bf16", "fp16", "tf32", "ieee"):
-        # the default layout (one group) must stay light: 4 programs of 4 warps per SM need <= 48 KB each
-        check(da._decode_stage1_kernel, d1, dict(GQA=4, PAGE=8, D=128, GS=128, INT2=True, NUM_SPLITS=16,
-              BLOCK_H=16, BLOCK_N=64, PRECISION=prec), max_shared=48 << 10)
-        check(da._decode_stage1_kernel, d16, dict(GQA=4, PAGE=8, D=128, GS=128, INT2=False, NUM_SPLITS=4,
-              BLOCK_H=16, BLOCK_N=64, PRECISION=prec))
-    check(da._decode_stage1_kernel, d1, dict(GQA=12, PAGE=8, D=64, GS=32, INT2=True, NUM_SPLITS=4,
-          BLOCK_H=16, BLOCK_N=64, PRECISION="bf16"))
+        # the default layout (one group) must stay light: 3+ programs of 4 warps per SM need <= 48 KB each
+        # (tf32 / ieee, for checks, stage fp32 operands: 84 KB at these defaults)
+        check(da._decode_stage1_kernel, d1, dict(GQA=4, PAGE2=8, PAGE16=8, D=128, GS=128, SPLITS2=17, SPLITS16=4,
+              BLOCK_H=16, BLOCK_N2=128, BLOCK_N16=64, PRECISION=prec), num_stages=3,
+              max_shared=48 << 10 if prec in ("bf16", "fp16") else None)
+    check(da._decode_stage1_kernel, dict(d1, ks_ptr=P("fp16"), vs_ptr=P("fp16")), dict(GQA=12, PAGE2=8, PAGE16=8,
+          D=64, GS=32, SPLITS2=4, SPLITS16=2, BLOCK_H=16, BLOCK_N2=64, BLOCK_N16=64, PRECISION="bf16"))
     check(da._decode_merge_kernel, dict(mid_o_ptr=P("fp32"), mid_lse_ptr=P("fp32"), out_ptr=P("fp32")),
           dict(D=128, BLOCK_S=128))
     e = dict(q_ptr=P("bf16"), kn_ptr=P("bf16"), vn_ptr=P("bf16"), kc_ptr=P("u8"), ks_ptr=P("fp32"), vc_ptr=P("u8"),
