@@ -7,7 +7,7 @@ import asyncio
 import json
 import sys
 
-from .compare import compare
+from .compare import compare, rerender
 from .plots import plot_cdfs
 from .runner import run_workload, write_json
 from .workloads import Workload
@@ -30,6 +30,9 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--b", required=True, type=_target, help="LABEL=URL")
     c.add_argument("--points", default=None,
                    help="comma list of concurrencies (closed-loop workload) or rates (Poisson); default: the workload's")
+    rr = sub.add_parser("report", help="rebuild a compare report and plots from its JSON files")
+    rr.add_argument("--dir", required=True)
+    rr.add_argument("--name", required=True, help="workload name (the JSON files' prefix)")
     for p in (r, c):
         p.add_argument("--workload", required=True, help="workload YAML (load_tests/workloads/)")
         p.add_argument("--out", required=True, help="run: JSON file (+ .png beside); compare: output directory")
@@ -38,6 +41,9 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--allow-remote", action="store_true", help="allow a non-loopback target")
     args = ap.parse_args(argv)
 
+    if args.cmd == "report":
+        print(rerender(args.dir, args.name))
+        return 0
     w = Workload.from_file(args.workload)
     over = {k: v for k, v in (("num_requests", args.num_requests), ("duration_s", args.duration_s)) if v is not None}
     if over:

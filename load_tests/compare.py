@@ -47,6 +47,32 @@ def _ms(d: dict, key: str) -> str:
     return "–" if v is None else f"{v * 1000:.0f}"
 
 
+def _cached(s: dict) -> str:
+    return f"{s['cached_prompt_tokens'] / s['prompt_tokens']:.0%}" if s.get("prompt_tokens") else "–"
+
+
+def rerender(out: str | Path, name: str) -> Path:
+    """Rebuild `<name>_report.md` and the plots from the JSON files `compare` wrote in `out`."""
+    out = Path(out)
+    results: dict[str, list[tuple[float, dict[str, Any]]]] = {}
+    w = knob = None
+    for path in sorted(out.glob(f"{name}_*.json")):
+        res = json.loads(path.read_text())
+        w = Workload.from_dict(res["workload"])
+        knob = "concurrency" if w.concurrency is not None else "rate"
+        results.setdefault(res["label"], []).append((float(res["workload"][knob]), res))
+    if w is None:
+        raise ValueError(f"no {name}_*.json results in {out}")
+    for v in results.values():
+        v.sort(key=lambda x: x[0])
+    plot_cdfs({k: v[-1][1] for k, v in results.items()}, out / f"{name}_cdf.png", f"{name}, {knob} {v[-1][0]:g}")
+    plot_throughput({k: [(p, r["summary"]) for p, r in v] for k, v in results.items()},
+                    out / f"{name}_throughput.png", knob, name)
+    report = out / f"{name}_report.md"
+    report.write_text(render_report(w, knob, results))
+    return report
+
+
 def render_report(w: Workload, knob: str, results: dict[str, list[tuple[float, dict[str, Any]]]]) -> str:
     any_res = next(iter(results.values()))[0][1]
     c = any_res["conditions"]
@@ -58,8 +84,8 @@ def render_report(w: Workload, knob: str, results: dict[str, list[tuple[float, d
              f"`{json.dumps(w.params())}`, per point at most {w.num_requests} requests / {w.duration_s:g} s; "
              f"SLO {json.dumps(any_res['summary']['slo'])}. Latencies in ms, successful requests only.", "",
              f"| target | {knob} | ok/sent | errors | TTFT p50/p90/p99 | TPOT p50/p90/p99 | E2E p50/p90/p99 "
-             "| out tok/s | req/s | goodput req/s | SLO met |",
-             "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "| out tok/s | req/s | goodput req/s | SLO met | prompt tokens cached |",
+             "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for label, points in results.items():
         for p, res in points:
             s = res["summary"]
@@ -69,6 +95,6 @@ def render_report(w: Workload, knob: str, results: dict[str, list[tuple[float, d
             lines.append(f"| {label} | {p:g} | {s['ok']}/{s['requests']} | {errs} | {trip('ttft_s')} | "
                          f"{trip('tpot_s')} | {trip('e2e_s')} | {s['output_tokens_per_s']:.1f} | "
                          f"{s['requests_per_s']:.2f} | {s['goodput_requests_per_s']:.2f} | "
-                         f"{'–' if att is None else f'{att:.0%}'} |")
+                         f"{'–' if att is None else f'{att:.0%}'} | {_cached(s)} |")
     lines += ["", f"![latency CDFs]({w.name}_cdf.png)", "", f"![throughput]({w.name}_throughput.png)", ""]
     return "\n".join(lines)

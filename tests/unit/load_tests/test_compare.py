@@ -36,3 +36,14 @@ def test_cli_run(tmp_path):
         assert main(["run", "--target", s.url, "--workload", str(wl), "--out", str(tmp_path / "o.json")]) == 0
     assert json.loads((tmp_path / "o.json").read_text())["summary"]["ok"] == 3
     assert (tmp_path / "o.png").is_file()
+
+
+def test_report_rebuilt_from_json(tmp_path):
+    w = Workload.from_dict({"name": "re", "kind": "random_short", "concurrency": 1, "num_requests": 2,
+                            "sampling": {"max_tokens": 2}})
+    with Server() as a, Server() as b:
+        first = asyncio.run(compare({"x": a.url, "y": b.url}, w, [1], tmp_path)).read_text()
+    (tmp_path / "re_report.md").unlink()
+    assert main(["report", "--dir", str(tmp_path), "--name", "re"]) == 0
+    again = (tmp_path / "re_report.md").read_text()
+    assert again == first and "| x | 1 | 2/2 | 0 |" in again and "43% |" in again  # 3 of 7 prompt tokens cached
