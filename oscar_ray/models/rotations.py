@@ -95,7 +95,7 @@ def hadamard_rotations(model, k_clip: float, v_clip: float) -> RotationSet:
     g = attention_geometry(model.config)
     h = hadamard(g.head_dim).expand(g.n_layers, g.head_dim, g.head_dim)
     ones = torch.ones(g.n_layers, g.head_dim)
-    return RotationSet(h, h, ones, ones, torch.full((g.n_layers,), float(k_clip)),
+    return RotationSet(h, h.clone(), ones, ones.clone(), torch.full((g.n_layers,), float(k_clip)),
                        torch.full((g.n_layers,), float(v_clip)),
                        manifest={"architecture": g.architecture, "n_kv_heads": g.n_kv_heads,
                                  "objective": "hadamard", "data_source": "none"})

@@ -66,6 +66,7 @@ class Scheduler:
         self.prefix_caching = prefix_caching
         self.waiting: deque[Seq] = deque()
         self.running: list[Seq] = []  # admission order, oldest first
+        self.n_preemptions = 0
 
     def add(self, seq: Seq) -> None:
         self.waiting.append(seq)
@@ -85,6 +86,7 @@ class Scheduler:
         self.alloc.free(seq.key)
         seq.allocated, seq.n_written, seq.n_cached = False, 0, 0
         seq.preemptions += 1
+        self.n_preemptions += 1
         self.waiting.appendleft(seq)
 
     def schedule(self) -> Plan:
