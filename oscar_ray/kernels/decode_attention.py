@@ -143,8 +143,8 @@ def default_bf16_splits(batch: int, n_kv_heads: int, num_sms: int = H200_SMS) ->
 def int2_decode_attention(q: torch.Tensor, kv: PagedKV, seg: Segments, *, k_rotation: torch.Tensor | None = None,
                           v_rotation: torch.Tensor | None = None, sm_scale: float | None = None,
                           num_splits: int | None = None, bf16_splits: int | None = None,
-                          max_int2_len: int | None = None, block_n: int = 128, bf16_block_n: int = 64,
-                          num_warps: int = 4, num_stages: int = 3, precision: str = "bf16",
+                          max_int2_len: int | None = None, block_n: int | None = None, bf16_block_n: int = 64,
+                          num_warps: int = 4, num_stages: int | None = None, precision: str = "bf16",
                           num_sms: int = H200_SMS, max_registers: int | None = None) -> torch.Tensor:
     """One decode query per request over its INT2 + BF16 tokens → o [B, Hq, d] float32.
 
@@ -156,6 +156,9 @@ def int2_decode_attention(q: torch.Tensor, kv: PagedKV, seg: Segments, *, k_rota
     unit tests, but overflows beyond ±65504 (BF16-tier K/V or |q|·0.13); "tf32" (11 bits, fp32
     range, 1.7× the shared memory and 1.2× the registers at sm_90); "ieee": fp32 FMA, for checks.
     No host sync: pass num_splits (or max_int2_len) to tune; the grid does not depend on lengths.
+    block_n / num_stages None: 128 / 3 for the default layout (one (s, z) group per row) at bf16 or
+    fp16, the fastest on the H200 sweep; 64 / 2 otherwise, since per-element dequantisation of several
+    groups, or fp32 operands, at 128 / 3 needs 279-353 KB of shared memory (the H200 has 227 KB).
     max_registers caps the INT2 stage-1 kernel's registers a thread (ptxas maxnreg), trading spills
     for resident programs; None lets ptxas choose.
     Example: o = int2_decode_attention(q, PagedKV(...), Segments(...), k_rotation=R_K, v_rotation=R_V)
@@ -167,6 +170,9 @@ def int2_decode_attention(q: torch.Tensor, kv: PagedKV, seg: Segments, *, k_rota
     if hq % hkv:
         raise ValueError(f"q has {hq} heads, not a multiple of the cache's {hkv} KV heads")
     precision = check_precision(precision)
+    fast = geo.group_size == d and precision in ("bf16", "bf16_interp", "fp16")
+    block_n = block_n if block_n is not None else (128 if fast else 64)
+    num_stages = num_stages if num_stages is not None else (3 if fast else 2)
     for name, value in (("block_n", block_n), ("bf16_block_n", bf16_block_n)):
         check_pow2(name, value, minimum=16)
     check_rotation("k_rotation", k_rotation, d, hkv, kv.device)
