@@ -29,6 +29,31 @@ _EXPORTS = {
     "bits_per_element": "oscar_ray.quant",
     "RotationSet": "oscar_ray.quant",
     "ModelGeometry": "oscar_ray.quant",
+    # kernels (torch + triton)
+    "int2_write": "oscar_ray.kernels",
+    "bf16_write": "oscar_ray.kernels",
+    "demote_pages": "oscar_ray.kernels",
+    "int2_decode_attention": "oscar_ray.kernels",
+    "int2_extend_attention": "oscar_ray.kernels",
+    # cache (pure Python)
+    "KVAllocator": "oscar_ray.cache",
+    "check_invariants": "oscar_ray.cache",
+    # engines
+    "Engine": "oscar_ray.engines.base",
+    "GenerateRequest": "oscar_ray.engines.base",
+    "SamplingParams": "oscar_ray.engines.base",
+    "Chunk": "oscar_ray.engines.base",
+    "KVStats": "oscar_ray.engines.base",
+    "InvalidRequest": "oscar_ray.engines.base",
+    "EngineOverloaded": "oscar_ray.engines.base",
+    "EngineDead": "oscar_ray.engines.base",
+    "TorchEngineConfig": "oscar_ray.engines.torch.config",
+    "build_torch_engine": "oscar_ray.engines.torch",
+    "SGLangEngineConfig": "oscar_ray.engines.sglang",
+    # deployments (ray serve)
+    "ServeAppConfig": "oscar_ray.deployments.config",
+    "build_app": "oscar_ray.deployments.builder",
+    "load_app_config": "oscar_ray.deployments.builder",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
