@@ -49,9 +49,9 @@ def arrival_times(w: Workload) -> list[float]:
 
 
 async def run_workload(target: str, w: Workload, allow_remote: bool = False,
-                       client: httpx.AsyncClient | None = None) -> dict[str, Any]:
+                       client: httpx.AsyncClient | None = None, with_text: bool = False) -> dict[str, Any]:
     """Run `w` against `target` (base URL, e.g. http://127.0.0.1:8000); returns the result dict
-    (`conditions`, `workload`, `summary`, `records`)."""
+    (`conditions`, `workload`, `summary`, `records`; each record's streamed `text` if `with_text`)."""
     check_loopback(target, allow_remote)
     bound = w.concurrency or w.max_in_flight
     own = client is None
@@ -102,7 +102,7 @@ async def run_workload(target: str, w: Workload, allow_remote: bool = False,
             await client.aclose()
     records.sort(key=lambda r: r.index)
     return {"conditions": conditions(target, model), "workload": w.to_dict(),
-            "summary": summarize(records, w.slo, wall), "records": [r.to_dict() for r in records]}
+            "summary": summarize(records, w.slo, wall), "records": [r.to_dict(with_text) for r in records]}
 
 
 def conditions(target: str, model: str) -> dict[str, Any]:
@@ -113,6 +113,8 @@ def conditions(target: str, model: str) -> dict[str, Any]:
         except (OSError, subprocess.SubprocessError):
             return None
 
+    # uncommitted package changes at run time (others may edit the checkout while a run goes)
+    dirty = [ln.split(None, 1)[-1] for ln in (git("status", "--porcelain", "--", "oscar_ray", "configs") or "").splitlines()]
     cpu = None
     try:
         cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
@@ -120,7 +122,7 @@ def conditions(target: str, model: str) -> dict[str, Any]:
     except OSError:
         pass
     return {"target": target, "model": model, "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "commit": git("rev-parse", "--short", "HEAD"), "dirty": bool(git("status", "--porcelain", "--", "oscar_ray")),
+            "commit": git("rev-parse", "--short", "HEAD"), "dirty": bool(dirty), "dirty_files": dirty,
             "host": platform.node(), "platform": platform.platform(), "cpu": cpu, "cpu_count": os.cpu_count(),
             "python": platform.python_version()}
 

@@ -44,12 +44,13 @@ async def storm(url: str, n: int, concurrency: int, max_s: float, seed: int) -> 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--port", type=int, default=8000, help="Serve HTTP port on 127.0.0.1")
     ap.add_argument("-n", type=int, default=500)
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--max-s", type=float, default=3.0)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
-    with serve_cpu_default({"storm": {"num_threads": 2}}, max_ongoing=64) as urls:
+    with serve_cpu_default({"storm": {"num_threads": 2}}, args.port, max_ongoing=64) as urls:
         url = urls["storm"]
         idle = engine_kv("storm")
         t0 = time.perf_counter()

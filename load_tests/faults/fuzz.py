@@ -110,13 +110,14 @@ def check(client: httpx.Client, base_url: str, case: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--port", type=int, default=8000, help="Serve HTTP port on 127.0.0.1")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     from oscar_ray.deployments.protocol import ChatCompletionRequest, CompletionRequest  # the fields to fuzz
 
     schemas = {"/v1/chat/completions": ChatCompletionRequest.model_json_schema(),
                "/v1/completions": CompletionRequest.model_json_schema()}
-    with serve_cpu_default({"fuzz": {"num_threads": 2}}) as urls:
+    with serve_cpu_default({"fuzz": {"num_threads": 2}}, args.port) as urls:
         url = urls["fuzz"]
         with httpx.Client(timeout=120) as client:
             spec = client.get(url + "/openapi.json").json()

@@ -44,7 +44,11 @@ def serve_cpu_default(apps: dict[str, dict[str, Any]], port: int = 8000, num_cpu
 
     from oscar_ray.deployments.builder import build_app
 
-    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+    # address="local": always a fresh cluster of our own; a bare ray.init() attaches to any Ray
+    # already running on the machine (another user's), where num_cpus is refused and our
+    # teardown would shut their apps down. 256 MiB object store: only small dicts cross it.
+    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
+             object_store_memory=256 * 2**20)
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         urls = {}
@@ -83,11 +87,16 @@ def replica_pids() -> dict[str, int]:
 
 
 def replica_processes(app: str) -> list:
-    """psutil processes of an app's engine replicas (Ray titles them `ray::ServeReplica:<app>:EngineReplica`)."""
+    """psutil processes of an app's engine replicas (Ray titles them `ray::ServeReplica:<app>:EngineReplica`),
+    only those of this driver's cluster (descendants of its raylet): another cluster on the machine
+    may run an app of the same name."""
     import psutil
 
     out = []
+    mine = {c.pid for c in psutil.Process().children(recursive=True)}
     for p in psutil.process_iter(["cmdline"]):
+        if p.pid not in mine:
+            continue
         try:
             cmd = " ".join(p.info["cmdline"] or [])
         except (psutil.NoSuchProcess, psutil.AccessDenied):

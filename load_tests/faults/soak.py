@@ -60,12 +60,13 @@ async def soak(url: str, app: str, streams: int, duration_s: float, timeout_s: f
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--port", type=int, default=8000, help="Serve HTTP port on 127.0.0.1")
     ap.add_argument("--streams", type=int, default=200)
     ap.add_argument("--duration-s", type=float, default=300)
     ap.add_argument("--timeout-s", type=float, default=300, help="per stream; one past it counts as hung")
     args = ap.parse_args(argv)
     # the engine's own queue (max_queue 256) holds what its 16-sequence batch cannot run yet
-    with serve_cpu_default({"soak": {"num_threads": 2}}, max_ongoing=args.streams + 16) as urls:
+    with serve_cpu_default({"soak": {"num_threads": 2}}, args.port, max_ongoing=args.streams + 16) as urls:
         res = asyncio.run(soak(urls["soak"], "soak", args.streams, args.duration_s, args.timeout_s))
         time.sleep(2)
         res["kv_after"] = engine_kv("soak")
