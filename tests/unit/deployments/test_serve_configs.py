@@ -13,6 +13,7 @@ from oscar_ray.deployments.builder import (
     ENGINE_DEPLOYMENT, INGRESS_DEPLOYMENT, app_builder, build_app, engine_deployment_options, load_app_config,
 )
 from oscar_ray.deployments.config import PlacementSpec, ServeAppConfig
+from oscar_ray.deployments.engine_factory import ENGINE_KINDS, config_model, validate_engine_config
 
 CONFIGS = Path(__file__).parents[3] / "configs"
 SERVE_YAMLS = ["smollm2-cpu.yaml", "qwen3-8b.yaml", "qwen3-32b.yaml", "glm47.yaml"]
@@ -103,3 +104,46 @@ def test_ingress_deployment_name_matches_yaml_overrides():
     # Serve YAML `deployments:` overrides are keyed by these names.
     app = build_app({**BASE, "engine": {"kind": "mock"}})
     assert app._bound_deployment.name == INGRESS_DEPLOYMENT
+
+
+def test_every_engine_config_pointer_resolves():
+    # A wrong "module:Class" used to make config_model return None, so sglang configs went
+    # unvalidated; both config models import without their engine (no sglang here).
+    from oscar_ray.engines.sglang import SGLangEngineConfig
+    from oscar_ray.engines.torch import TorchEngineConfig
+
+    assert config_model("sglang") is SGLangEngineConfig
+    assert config_model("torch") is TorchEngineConfig
+    assert {k for k, v in ENGINE_KINDS.items() if v[2] is None} == {"mock"}
+
+
+# (config file, tp_size, mem_fraction_static, context_length, extra_args)
+SGLANG_YAMLS = [("qwen3-8b.yaml", 1, 0.85, 32768, {}), ("qwen3-32b.yaml", 4, 0.85, 32768, {}),
+                ("glm47.yaml", 8, 0.88, 131072, {"trust_remote_code": True})]
+
+
+@pytest.mark.parametrize("name,tp,mem,ctx,extra", SGLANG_YAMLS, ids=[s[0] for s in SGLANG_YAMLS])
+def test_sglang_configs_validate_with_the_sglang_model(name, tp, mem, ctx, extra):
+    from oscar_ray.engines.sglang import SGLangEngineConfig, sglang_engine_kwargs
+
+    cfg = load_app_config(CONFIGS / name)
+    assert cfg.engine.kind == "sglang"
+    eng = validate_engine_config("sglang", cfg.engine.config)
+    assert isinstance(eng, SGLangEngineConfig)
+    kw = sglang_engine_kwargs(eng)
+    assert (kw["tp_size"], kw["mem_fraction_static"], kw["context_length"]) == (tp, mem, ctx)
+    assert kw["page_size"] == 64 and kw["attention_backend"] == "oscar"
+    assert {k: kw[k] for k in extra} == extra
+    assert cfg.placement.total_gpus == tp  # the placement group holds the engine's ranks
+    assert cfg.max_model_len == ctx
+
+
+def test_unknown_sglang_field_fails_in_build_app_naming_it():
+    cfg = load_app_config(CONFIGS / "qwen3-8b.yaml").model_dump()
+    cfg["engine"]["config"]["engine_kwargs"] = {"page_size": 64}  # the old, never-validated key
+    with pytest.raises(ValueError, match="engine_kwargs"):
+        build_app(cfg)
+    cfg["engine"]["config"].pop("engine_kwargs")
+    cfg["engine"]["config"]["tp_size"] = 0
+    with pytest.raises(ValueError, match="tp_size"):
+        build_app(cfg)
