@@ -56,9 +56,11 @@ class StepBatch:
     def __post_init__(self) -> None:
         dev, P = self.store.device, self.store.geometry.page_size
         self.bounds, pos, lo = [], [], 0
-        w2, w16, prefix2, prefix16 = ([], [], []), ([], [], []), [], []
+        w2, w16 = ([], [], []), ([], [], [])
+        self._pages = []
         for it in self.items:
             ids, is2 = _page_arrays(it.segments, dev)
+            self._pages.append((ids, is2))
             new = torch.arange(it.start, it.start + it.n_new, device=dev)
             pos.append(new)
             if it.write:
@@ -67,10 +69,6 @@ class StepBatch:
                 rows = torch.arange(lo, lo + it.n_new, device=dev)
                 for sel, dst in ((k2, w2), (~k2, w16)):
                     dst[0].append(rows[sel]), dst[1].append(ids[pg][sel].to(torch.int32)), dst[2].append(off[sel])
-            old = torch.arange(it.start, device=dev)
-            flat, k2 = ids[old // P] * P + old % P, is2[old // P]
-            prefix2.append(flat[k2])
-            prefix16.append(flat[~k2])
             self.bounds.append((lo, lo + it.n_new))
             lo += it.n_new
         self.n_rows = lo
@@ -78,7 +76,6 @@ class StepBatch:
         cat = lambda xs, dt: torch.cat(xs).to(dt) if xs else torch.zeros(0, dtype=dt, device=dev)  # noqa: E731
         self.int2_slots = (cat(w2[0], torch.long), cat(w2[1], torch.int32), cat(w2[2], torch.int32))
         self.bf16_slots = (cat(w16[0], torch.long), cat(w16[1], torch.int32), cat(w16[2], torch.int32))
-        self.prefix2, self.prefix16 = prefix2, prefix16
         if self.store.cpu:
             self._plan_cpu()
         else:
@@ -86,7 +83,13 @@ class StepBatch:
 
     # --- plans -----------------------------------------------------------------------------------
     def _plan_cpu(self) -> None:
-        dev = self.store.device
+        dev, P = self.store.device, self.store.geometry.page_size
+        self.prefix2, self.prefix16 = [], []
+        for it, (ids, is2) in zip(self.items, self._pages):
+            old = torch.arange(it.start, device=dev)
+            flat, k2 = ids[old // P] * P + old % P, is2[old // P]
+            self.prefix2.append(flat[k2])
+            self.prefix16.append(flat[~k2])
         dec = [b for b, it in enumerate(self.items) if it.n_new == 1]
         self.extend_items = [b for b, it in enumerate(self.items) if it.n_new > 1]
         self.decode_rows = torch.tensor([self.bounds[b][0] for b in dec], dtype=torch.long, device=dev)
@@ -106,28 +109,31 @@ class StepBatch:
             self.decode = (i2, i16, mask[:, None, None, :])  # [B, 1, 1, T]
 
     def _plan_cuda(self) -> None:
+        """Page tables of both tiers per request, from the segment lists by slicing (no per-page
+        Python loop: 15 requests of 128K tokens hold 30K pages at page 64).
+        A step of decodes only reads each request's whole cache including the new token (written
+        before the attention) with the split-K decode kernel: the extend kernel's one program per
+        (query head, request) walks the whole context serially, a few programs for 132 SMs at
+        batch 1.  Any step with a prefill chunk uses the extend kernel over the cached prefix."""
         dev, P = self.store.device, self.store.geometry.page_size
+        self.decode_only = all(it.n_new == 1 for it in self.items)
         t2, t16, l2, l16 = [], [], [], []
         for it in self.items:
-            ids = list(it.segments.sink) + list(it.segments.history) + list(it.segments.ring)
-            kinds = [False] * len(it.segments.sink) + [True] * len(it.segments.history) + [False] * len(it.segments.ring)
-            n_pages = -(-it.start // P)
-            rows2, rows16, n2, n16 = [], [], 0, 0
-            for j in range(n_pages):
-                tokens = min(P, it.start - j * P)
-                if kinds[j]:
-                    rows2.append(ids[j]), None
-                    n2 += tokens
-                else:
-                    rows16.append(ids[j])
-                    n16 += tokens
-            t2.append(rows2), t16.append(rows16), l2.append(n2), l16.append(n16)
-        pad = lambda rows: torch.tensor([r + [0] * (max(1, max(map(len, rows))) - len(r)) for r in rows],  # noqa: E731
-                                        dtype=torch.int32, device=dev)
-        self.segments = Segments(pad(t2), torch.tensor(l2, dtype=torch.int32, device=dev),
-                                 pad(t16), torch.tensor(l16, dtype=torch.int32, device=dev))
+            n = it.start + 1 if self.decode_only else it.start  # tokens of the cache the kernel reads
+            seg = it.segments
+            ns, nh, n_pages = len(seg.sink), len(seg.history), -(-n // P)
+            n2 = max(0, min(n, (ns + nh) * P) - min(n, ns * P))  # history pages are full but maybe the last
+            t2.append(list(seg.history[:max(0, min(nh, n_pages - ns))]))
+            t16.append(list(seg.sink[:min(ns, n_pages)]) + list(seg.ring)[:max(0, n_pages - ns - nh)])
+            l2.append(n2), l16.append(n - n2)
+        width = lambda rows: max(1, max(map(len, rows)))  # noqa: E731
+        pad = lambda rows: torch.tensor([r + [0] * (width(rows) - len(r)) for r in rows],  # noqa: E731
+                                        dtype=torch.int32).to(dev, non_blocking=True)
+        lens = lambda xs: torch.tensor(xs, dtype=torch.int32).to(dev, non_blocking=True)  # noqa: E731
+        self.segments = Segments(pad(t2), lens(l2), pad(t16), lens(l16))
+        self.max_int2_len, self.max_bf16_len = max(l2), max(l16)
         starts = [lo for lo, _ in self.bounds] + [self.n_rows]
-        self.qo_indptr = torch.tensor(starts, dtype=torch.int32, device=dev)
+        self.qo_indptr = torch.tensor(starts, dtype=torch.int32).to(dev, non_blocking=True)
         self.max_chunk = max(it.n_new for it in self.items)
 
     # --- the per-layer work ----------------------------------------------------------------------
@@ -137,6 +143,8 @@ class StepBatch:
         q, k, v = rotate_heads(q, r), rotate_heads(k, r), v.to(torch.float32)
         self.store.write(layer, k, v, self.int2_slots, self.bf16_slots)
         if not self.store.cpu:
+            if self.decode_only:
+                return _decode(q, self.store.paged(layer), self.segments, self.max_int2_len, self.max_bf16_len)
             from oscar_ray.kernels import int2_extend_attention
 
             return int2_extend_attention(q, k, v, self.store.paged(layer), self.segments, self.qo_indptr,
@@ -161,6 +169,25 @@ class StepBatch:
                                                enable_gqa=True)
             out[lo:hi] = o[0].transpose(0, 1)
         return out
+
+
+def _pow2_at_least(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+def _decode(q: torch.Tensor, kv, seg: Segments, max_int2: int, max_bf16: int) -> torch.Tensor:
+    """The split-K decode kernel with split counts from the longest request of each tier, rounded
+    up to a power of two so that a growing context compiles O(log n) kernel variants, not one per
+    512 tokens.  The BF16 tier gets as many splits as INT2 would when it is long (kv_cache=bf16:
+    every token is BF16; the kernel's default ≤ 8 BF16 splits leave 64 programs at batch 1)."""
+    from oscar_ray.kernels import default_bf16_splits, default_num_splits, int2_decode_attention
+
+    b, hkv = q.shape[0], kv.k_bf16.shape[2]
+    if q.device.type == "cpu":  # Triton's interpreter runs programs one after another: splits only add work
+        return int2_decode_attention(q, kv, seg, num_splits=1, bf16_splits=1)
+    s2 = default_num_splits(b, hkv, _pow2_at_least(max(1, max_int2)))
+    s16 = max(default_bf16_splits(b, hkv), default_num_splits(b, hkv, _pow2_at_least(max(1, max_bf16)), block_n=64))
+    return int2_decode_attention(q, kv, seg, num_splits=s2, bf16_splits=s16)
 
 
 ATTN_IMPL = "oscar_paged"
