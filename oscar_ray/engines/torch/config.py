@@ -25,7 +25,9 @@ class TorchEngineConfig(StrictModel):
         "oscar", description="oscar: BF16 sink + INT2 history + BF16 recent ring; bf16: every page BF16 (baseline).")
     rotations: str | None = Field(
         None, description="RotationSet artifact directory; None: a quick calibration on Austen text, cached "
-        "under OSCAR_CACHE_DIR/rotations (Hadamard if the text cannot be fetched). Ignored for kv_cache=bf16.")
+        "under OSCAR_CACHE_DIR/rotations (Hadamard if the text cannot be fetched); 'hadamard': data-free "
+        "Hadamard R_K = R_V = H (the QuaRot-INT2 baseline); 'identity': no rotation (naive INT2). Both "
+        "baselines keep the INT2 format, clip ratios and sink/recent windows. Ignored for kv_cache=bf16.")
     max_model_len: int = Field(2048, ge=16, description="Longest prompt + completion, tokens.")
     kv_cache_bytes: int = Field(256 * 2**20, ge=1, description="KV memory budget (both pools) when page counts "
                                 "are not given.")

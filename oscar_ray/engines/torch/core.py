@@ -17,7 +17,7 @@ from oscar_ray.cache import KVAllocator, PageGeometry
 from oscar_ray.models.absorb import absorb_value_rotation
 from oscar_ray.models.arch import arch_facts
 from oscar_ray.models.loader import attention_geometry, load_model
-from oscar_ray.models.rotations import resolve_rotations
+from oscar_ray.models.rotations import hadamard_rotations, resolve_rotations
 
 from .batch import StepBatch, StepItem, register_attention
 from .config import TorchEngineConfig
@@ -49,6 +49,20 @@ def pool_sizes(cfg: TorchEngineConfig, geom: PageGeometry) -> tuple[int, int]:
     return max(0, left // geom.int2_page_bytes()), n16
 
 
+def engine_rotations(model, tokenizer, rotations: str | None, k_clip: float, v_clip: float):
+    """The RotationSet for `TorchEngineConfig.rotations`: the two named baselines (same INT2 format,
+    clip and windows as OSCAR, only the basis differs) or an artifact / the quick calibration."""
+    if rotations == "hadamard":
+        return hadamard_rotations(model, k_clip, v_clip)
+    if rotations == "identity":
+        rs = hadamard_rotations(model, k_clip, v_clip)
+        eye = torch.eye(rs.k_rotation.shape[-1]).expand_as(rs.k_rotation)
+        rs.k_rotation, rs.v_rotation = eye.contiguous(), eye.contiguous()
+        rs.manifest = {**rs.manifest, "objective": "identity"}
+        return rs
+    return resolve_rotations(model, tokenizer, rotations, k_clip, v_clip)
+
+
 class EngineCore:
     """Model, cache tensors, allocator and scheduler of the torch engine (synchronous)."""
 
@@ -68,7 +82,7 @@ class EngineCore:
         c = cfg.cache
         oscar = cfg.kv_cache == "oscar"
         if oscar:
-            rs = resolve_rotations(model, tokenizer, cfg.rotations, c.k_clip_ratio, c.v_clip_ratio)
+            rs = engine_rotations(model, tokenizer, cfg.rotations, c.k_clip_ratio, c.v_clip_ratio)
             absorb_value_rotation(model, rs.v_rotation)
             self.rotations = rs
             self.k_rotation = rs.k_rotation.to(self.device, torch.float32)
