@@ -1,23 +1,29 @@
-"""OpenAI-compatible HTTP ingress (FastAPI via `serve.ingress`).
+"""OpenAI-compatible HTTP ingress: `OpenAIServer` (the request path) + `build_openai_app` (its FastAPI
+routes) + `OpenAIIngress` (the Serve deployment that builds both on its replica).
 
 The ingress renders the chat template and tokenises with the model's tokenizer, then sends the
 engine replicas token ids: the router hashes them into the same block keys the engines cache
 (router.py), and the prompt-length check happens here, before any replica is involved.
 Errors are OpenAI's JSON shape `{"error": {message, type, param, code}}`: malformed JSON 400,
 invalid parameter 400 naming it, unknown model 404, prompt too long 400, engine queue full 429,
-Serve queue full or no live replica 503.
+Serve queue full, no live replica, or a replica lost mid-request 503 (a stream that already sent
+200 ends with an error event and `[DONE]` instead: stream.py).
 A client that disconnects cancels this request's task; the `finally` of each stream cancels the
 call into the replica, whose `generate` then aborts the request in the engine (pages freed).
+
+`OpenAIServer` needs only an engine handle (`.options(stream=True).generate.remote(payload)`,
+`.model_info/.check_health/.kv_stats.remote()`), so the same app runs under Serve and, in tests,
+over an in-process replica; the deployment returns it from `__serve_build_asgi_app__` (Serve
+2.60's late-bound ingress), so no route is defined twice.
 """
 
-# No `from __future__ import annotations`: FastAPI must see `Request` as a class, not a string,
-# in the methods serve.ingress re-binds.
+from __future__ import annotations
+
 import asyncio
 import json
 import logging
 import time
 import uuid
-from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -27,13 +33,13 @@ from ray import serve
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from oscar_ray.engines.base import EngineError, InvalidRequest
+from oscar_ray.engines.base import InvalidRequest
 
 from . import protocol as P
 from .metrics import ServeMetrics
+from .stream import ReplicaStream, StreamFailed
 
 log = logging.getLogger("ray.serve")
-app = FastAPI(title="oscar-ray OpenAI API")
 
 
 class HTTPError(Exception):
@@ -47,129 +53,27 @@ class HTTPError(Exception):
         return JSONResponse(P.error_json(self.status, self.message, self.param, self.code), status_code=self.status)
 
 
-@app.exception_handler(StarletteHTTPException)
-async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-    return HTTPError(exc.status_code, str(exc.detail)).response()
-
-
-@app.exception_handler(RequestValidationError)
-async def _request_validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-    return HTTPError(400, str(exc.errors()[0].get("msg")) if exc.errors() else "invalid request").response()
-
-
 def _validation_error(e: ValidationError) -> HTTPError:
     err = e.errors()[0]
     param = ".".join(str(p) for p in err.get("loc", ()) if not isinstance(p, int)) or None
     return HTTPError(400, f"{param}: {err.get('msg')}" if param else str(err.get("msg")), param)
 
 
-def _sse(obj: dict) -> str:
-    return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
+class OpenAIServer:
+    """The OpenAI request path over an engine-replica handle (see the module docstring)."""
 
+    def __init__(self, engine, model_id: str, tokenizer, max_model_len: int) -> None:
+        self.engine, self.model_id, self.tokenizer, self.max_model_len = engine, model_id, tokenizer, max_model_len
+        self.metrics = ServeMetrics(model_id)
 
-class _Stream:
-    """Drives one replica stream into SSE events or a single JSON body, recording metrics."""
-
-    def __init__(self, ing, gen, first: dict, t0: float, endpoint: str, rid: str, chat: bool,
-                 include_usage: bool) -> None:
-        self.ing, self.gen, self.first, self.t0 = ing, gen, first, t0
-        self.endpoint, self.rid, self.chat, self.include_usage = endpoint, rid, chat, include_usage
-        self.created = P.now()
-        self.t_first: float | None = None
-        self.last: dict[str, Any] = first
-        self.done = False
-
-    async def items(self):
-        self.ing.metrics.in_flight.inc()
-        try:
-            item = self.first
-            while True:
-                if "error" in item:
-                    raise EngineError(item["error"]["message"])
-                if self.t_first is None and item.get("completion_tokens", 0) > 0:
-                    self.t_first = time.perf_counter()
-                self.last = item
-                yield item
-                if item.get("finish_reason") is not None:
-                    break
-                try:
-                    item = await self.gen.__anext__()
-                except StopAsyncIteration:
-                    break
-            self.done = True
-        finally:
-            self.ing.metrics.in_flight.dec()
-            if not self.done:
-                self.gen.cancel()  # client gone or error: abort in the engine, free its pages
-            self._record(200 if self.done else 499)
-
-    def _record(self, status: int) -> None:
-        last, end = self.last, time.perf_counter()
-        n = last.get("completion_tokens", 0)
-        ttft = self.t_first - self.t0 if self.t_first is not None else None
-        tpot = (end - self.t_first) / (n - 1) if self.t_first is not None and n > 1 else None
-        self.ing.metrics.observe_request(self.endpoint, status, last.get("prompt_tokens", 0), n,
-                                         last.get("cached_tokens", 0), ttft, tpot)
-        if "kv" in last:
-            kv = dict(last["kv"])
-            self.ing.metrics.observe_kv(kv.pop("replica", "?"), kv)
-
-    def _usage(self) -> P.Usage:
-        last = self.last
-        return P.usage(last.get("prompt_tokens", 0), last.get("completion_tokens", 0), last.get("cached_tokens", 0))
-
-    @staticmethod
-    def _finish(item: dict) -> str | None:
-        f = item.get("finish_reason")
-        return {"abort": "stop", "error": "stop"}.get(f, f) if f else None
-
-    async def whole(self) -> Response:
-        text = []
-        try:
-            async for item in self.items():
-                text.append(item.get("text", ""))
-        except EngineError as e:
-            return HTTPError(500, f"engine failed mid-request: {e}").response()
-        fin, model = self._finish(self.last), self.ing.model_id
-        body = (P.chat_response(self.rid, model, "".join(text), fin, self._usage()) if self.chat
-                else P.completion_response(self.rid, model, "".join(text), fin, self._usage()))
-        return JSONResponse(body)
-
-    async def sse(self):
-        model, rid, created = self.ing.model_id, self.rid, self.created
-        try:
-            if self.chat:
-                yield _sse(P.chat_chunk(rid, model, created, {"role": "assistant", "content": ""}))
-            async for item in self.items():
-                fin = self._finish(item)
-                if not item.get("text") and fin is None:
-                    continue
-                if self.chat:
-                    yield _sse(P.chat_chunk(rid, model, created, {"content": item.get("text", "")}, fin))
-                else:
-                    yield _sse(P.completion_chunk(rid, model, created, item.get("text", ""), fin))
-            if self.include_usage:
-                chunk = P.chat_chunk if self.chat else P.completion_chunk
-                yield _sse(chunk(rid, model, created, None, None, self._usage()))
-        except EngineError as e:
-            yield _sse(P.error_json(500, f"engine failed mid-request: {e}"))
-        yield "data: [DONE]\n\n"
-
-
-@serve.deployment
-@serve.ingress(app)
-class OpenAIIngress:
-    """Serve deployment: `OpenAIIngress.bind(engine_handle, app_config_dict)`."""
-
-    async def __init__(self, engine, model_id: str, tokenizer: str, max_model_len: int | None = None) -> None:
+    @classmethod
+    async def create(cls, engine, model_id: str, tokenizer: str, max_model_len: int | None = None) -> OpenAIServer:
+        """Load `tokenizer` ('smollm2' or an HF directory) and cap `max_model_len` at the engine's."""
         from oscar_ray.models.loader import load_tokenizer
 
-        self.engine = engine
-        self.model_id = model_id
-        self.tokenizer = await asyncio.to_thread(load_tokenizer, tokenizer)
+        tok = await asyncio.to_thread(load_tokenizer, tokenizer)
         info = await engine.model_info.remote()
-        self.max_model_len = min(max_model_len or info["max_model_len"], info["max_model_len"])
-        self.metrics = ServeMetrics(model_id)
+        return cls(engine, model_id, tok, min(max_model_len or info["max_model_len"], info["max_model_len"]))
 
     # ---- request parsing -------------------------------------------------------------------
     async def _parse(self, raw: Request, model_cls):
@@ -205,7 +109,6 @@ class OpenAIIngress:
         return list(self.tokenizer(req.prompt)["input_ids"])
 
     # ---- routes ----------------------------------------------------------------------------
-    @app.get("/health")
     async def health(self) -> Response:
         try:
             await self.engine.check_health.remote()
@@ -213,12 +116,10 @@ class OpenAIIngress:
             return HTTPError(503, f"engine unhealthy: {e}").response()
         return JSONResponse({"status": "ok"})
 
-    @app.get("/v1/models")
     async def models(self) -> JSONResponse:
         return JSONResponse(P.model_list(self.model_id, self.max_model_len))
 
-    @app.get("/metrics")
-    async def metrics(self) -> Response:
+    async def prometheus(self) -> Response:
         try:  # one fresh report (from whichever replica the router picks) besides the last seen
             kv = await asyncio.wait_for(self.engine.kv_stats.remote(), timeout=2.0)
             self.metrics.observe_kv(kv.pop("replica", "?"), kv)
@@ -226,16 +127,7 @@ class OpenAIIngress:
             pass
         return Response(self.metrics.render(), media_type="text/plain; version=0.0.4")
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(self, raw: Request) -> Response:
-        return await self._serve(raw, chat=True)
-
-    @app.post("/v1/completions")
-    async def completions(self, raw: Request) -> Response:
-        return await self._serve(raw, chat=False)
-
-    # ---- the request path ------------------------------------------------------------------
-    async def _serve(self, raw: Request, chat: bool) -> Response:
+    async def serve(self, raw: Request, chat: bool) -> Response:
         t0 = time.perf_counter()
         endpoint = "chat" if chat else "completions"
         try:
@@ -256,16 +148,79 @@ class OpenAIIngress:
         try:
             first = await gen.__anext__()
         except (BackPressureError, DeploymentUnavailableError) as e:
-            gen.cancel()
+            _cancel(gen)
             self.metrics.observe_request(endpoint, 503)
             return HTTPError(503, f"no engine replica can take the request now: {e}", code="overloaded").response()
         except StopAsyncIteration:
+            self.metrics.observe_request(endpoint, 500)
             return HTTPError(500, "engine ended the stream without output").response()
+        except Exception as e:  # the replica died or is unreachable before its first item
+            log.warning("request %s: replica failed before the first token: %r", rid, e)
+            _cancel(gen)
+            self.metrics.observe_request(endpoint, 503)
+            return StreamFailed.lost_replica(e).response()
         if "error" in first:
             err = first["error"]
             self.metrics.observe_request(endpoint, err["status"])
             return HTTPError(err["status"], err["message"], err.get("param"), err.get("code")).response()
-        stream = _Stream(self, gen, first, t0, endpoint, rid, chat, req.include_usage)
+        stream = ReplicaStream(self.metrics, self.model_id, gen, first, t0, endpoint, rid, chat, req.include_usage)
         if req.stream:
             return StreamingResponse(stream.sse(), media_type="text/event-stream")
         return await stream.whole()
+
+
+def _cancel(gen) -> None:
+    try:
+        gen.cancel()
+    except Exception as e:
+        log.debug("cancel of a failed replica call raised %r", e)
+
+
+def build_openai_app(server: OpenAIServer) -> FastAPI:
+    """The FastAPI app of one ingress replica: OpenAI routes + OpenAI-shaped errors for FastAPI's own."""
+    app = FastAPI(title="oscar-ray OpenAI API")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return HTTPError(exc.status_code, str(exc.detail)).response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _request_validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return HTTPError(400, str(exc.errors()[0].get("msg")) if exc.errors() else "invalid request").response()
+
+    @app.get("/health")
+    async def health() -> Response:
+        return await server.health()
+
+    @app.get("/v1/models")
+    async def models() -> Response:
+        return await server.models()
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return await server.prometheus()
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(raw: Request) -> Response:
+        return await server.serve(raw, chat=True)
+
+    @app.post("/v1/completions")
+    async def completions(raw: Request) -> Response:
+        return await server.serve(raw, chat=False)
+
+    return app
+
+
+@serve.deployment
+@serve.ingress()
+class OpenAIIngress:
+    """Serve deployment: `OpenAIIngress.bind(engine_handle, model_id, tokenizer, max_model_len)`."""
+
+    async def __init__(self, engine, model_id: str, tokenizer: str, max_model_len: int | None = None) -> None:
+        self.server = await OpenAIServer.create(engine, model_id, tokenizer, max_model_len)
+
+    def __serve_build_asgi_app__(self) -> FastAPI:
+        return build_openai_app(self.server)
+
+
+__all__ = ["HTTPError", "OpenAIIngress", "OpenAIServer", "build_openai_app"]

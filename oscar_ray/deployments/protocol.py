@@ -144,7 +144,7 @@ class ErrorResponse(BaseModel):
     error: ErrorBody
 
 
-def error_json(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
+def error_json(status: int, message: str, param: str | None = None, code: str | int | None = None) -> dict:
     kind = {400: "invalid_request_error", 404: "not_found_error", 422: "invalid_request_error",
             429: "rate_limit_error", 503: "service_unavailable"}.get(status, "server_error")
     return ErrorResponse(error=ErrorBody(message=message, type=kind, param=param, code=code or kind)).model_dump()

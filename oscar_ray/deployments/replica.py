@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from oscar_ray.engines.base import (
-    EngineError, GenerateRequest, InvalidRequest, SamplingParams,
+    EngineDead, EngineError, GenerateRequest, InvalidRequest, SamplingParams,
 )
 
 from .engine_factory import build_engine
@@ -81,11 +81,17 @@ class EngineReplica:
         except EngineError as e:
             finished = True
             yield error_item(e)
+        except Exception as e:  # not the contract's error: still one structured item, and the abort below
+            log.exception("request %s: engine stream raised", request.request_id)
+            yield error_item(EngineDead(f"the engine failed mid-request: {type(e).__name__}: {e}"))
         finally:
             if not finished:
                 # Client gone (Serve cancelled this task) or the consumer stopped early: free the
                 # request's pages now rather than when the engine next notices.
-                await asyncio.shield(self.engine.abort(request.request_id))
+                try:
+                    await asyncio.shield(self.engine.abort(request.request_id))
+                except EngineError as e:  # a dead engine has nothing left to free
+                    log.warning("request %s: abort failed: %s", request.request_id, e)
                 await stream.aclose()
 
     async def check_health(self) -> None:
