@@ -23,11 +23,15 @@ from load_tests.workloads import SLO, Workload, build_body
 from .serving import engine_kv, kv_stats, save, serve_cpu_default
 
 
-async def storm(url: str, n: int, concurrency: int, max_s: float, seed: int) -> list[RequestRecord]:
+def cuts_of(args: argparse.Namespace) -> list[float]:
+    rng = random.Random(args.seed)
+    return [rng.uniform(0, args.max_s) for _ in range(args.n)]
+
+
+async def storm(url: str, args: argparse.Namespace) -> list[RequestRecord]:
     w = Workload.from_dict({"name": "storm", "kind": "shared_prefix_chat", "concurrency": 1,
                             "sampling": {"max_tokens": 48, "ignore_eos": True}})
-    rng = random.Random(seed)
-    cuts = [rng.uniform(0, max_s) for _ in range(n)]
+    n, concurrency, cuts = args.n, args.concurrency, cuts_of(args)
     sem = asyncio.Semaphore(concurrency)
     recs = [RequestRecord(i) for i in range(n)]
     async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=concurrency + 4)) as c:
@@ -54,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         url = urls["storm"]
         idle = engine_kv("storm")
         t0 = time.perf_counter()
-        recs = asyncio.run(storm(url, args.n, args.concurrency, args.max_s, args.seed))
+        recs = asyncio.run(storm(url, args))
         storm_s = time.perf_counter() - t0
         after, waited = None, 0.0
         while waited < 60:  # aborts are asynchronous: allow the engine a few steps to free
@@ -71,14 +75,21 @@ def main(argv: list[str] | None = None) -> int:
     res = {"conditions": conditions(url, "HuggingFaceTB/SmolLM2-135M-Instruct"), "args": vars(args),
            "storm_s": storm_s, "summary": s, "kv_idle_before": idle, "kv_after": after, "settle_s": waited,
            "metrics_after": metrics, "probe_status": probe.status_code,
-           "cancelled_after_first_token": sum(r.error == "cancelled" and r.ttft is not None for r in recs)}
+           "cancelled_after_first_token": sum(r.error == "cancelled" and r.ttft is not None for r in recs),
+           # where the cut fell: before the ingress answered (queued / prefill: the ingress sends
+           # headers after the engine's first item), after the 200 but before text, mid-decode
+           "cancel_phase": {"before_response": sum(r.error == "cancelled" and r.status is None for r in recs),
+                            "after_200_before_text": sum(r.error == "cancelled" and r.status == 200
+                                                         and r.ttft is None for r in recs),
+                            "mid_decode": sum(r.error == "cancelled" and r.ttft is not None for r in recs)},
+           "records": [{"cut_s": round(c, 3), "status": r.status, "ttft_s": r.ttft, "tokens": r.output_tokens,
+                        "error": r.error} for c, r in zip(cuts_of(args), recs)]}
     leaked = after["used_pages"] - idle["used_pages"]
     res["verdict"] = {"leaked_pages": leaked, "running": after["running"], "queued": after["queue_len"],
                       "errors": s["errors"], "pass": leaked == 0 and after["running"] == 0
                       and probe.status_code == 200 and not set(s["errors"]) - {"http_429"}}
     save(res, args.out)
-    print(res["verdict"], {"cancelled": s["cancelled"], "completed": s["ok"],
-                           "cancelled_mid_stream": res["cancelled_after_first_token"]})
+    print(res["verdict"], {"cancelled": s["cancelled"], "completed": s["ok"], **res["cancel_phase"]})
     return 0 if res["verdict"]["pass"] else 1
 
 

@@ -94,8 +94,11 @@ def check(client: httpx.Client, base_url: str, case: dict) -> str:
         if rec.error and rec.error.startswith("http_4") and rec.error_code != "not_openai_error":
             return "error_4xx"
         return f"bad_{rec.error}:{rec.error_code}"
-    r = client.request(case["method"], url, json=case.get("json"), content=case.get("content"),
-                       headers=case.get("headers"))
+    try:
+        r = client.request(case["method"], url, json=case.get("json"), content=case.get("content"),
+                           headers=case.get("headers"))
+    except httpx.HTTPError as e:  # reset, timeout: the server did not answer this case at all
+        return f"bad_transport_{type(e).__name__}"
     try:
         body = r.json()
     except ValueError:
