@@ -78,6 +78,19 @@ class AttentionWeights:
         return AttentionWeights(mk(shape.n_q_heads * d, h), mk(shape.n_kv_heads * d, h), mk(shape.n_kv_heads * d, h),
                                 mk(h, shape.n_q_heads * d), norm() if norm else None, norm() if norm else None)
 
+    @staticmethod
+    def random_shard(shape: AttentionShape, tp_rank: int, tp_size: int, generator: torch.Generator,
+                     dtype=torch.bfloat16, device="cpu") -> "AttentionWeights":
+        """Only this rank's slices, drawn like `random` (a GLM-4.7-sized layer is 136M parameters:
+        a one-rank benchmark need not build all 92 of them)."""
+        d, h = shape.head_dim, shape.hidden
+        nq = len(q_heads_of_rank(shape.n_q_heads, shape.n_kv_heads, tp_rank, tp_size)) * d
+        nk = len(kv_heads_of_rank(shape.n_kv_heads, tp_rank, tp_size)) * d
+        rnd = lambda *size: torch.randn(*size, generator=generator, device=device, dtype=dtype)  # noqa: E731
+        mk = lambda rows, cols, fan: rnd(rows, cols) / fan**0.5  # noqa: E731
+        norm = (lambda: 1 + 0.1 * rnd(d)) if shape.qk_norm else (lambda: None)
+        return AttentionWeights(mk(nq, h, h), mk(nk, h, h), mk(nk, h, h), mk(h, nq, shape.n_q_heads * d), norm(), norm())
+
     def shard(self, shape: AttentionShape, tp_rank: int, tp_size: int) -> "AttentionWeights":
         """This rank's rows of wq / wk / wv and columns of wo."""
         d = shape.head_dim
@@ -113,14 +126,18 @@ class TPAttentionStack:
                  v_rotation: torch.Tensor | None = None, k_clip: float = D.K_CLIP_RATIO,
                  v_clip: float = D.V_CLIP_RATIO, kv_cache: str = "oscar", page_size: int = D.PAGE_SIZE,
                  sink_tokens: int = D.SINK_TOKENS, recent_tokens: int = D.RECENT_TOKENS, max_len: int = 1 << 17,
-                 group=None, device="cpu", use_kernels: bool | None = None) -> None:
+                 group=None, device="cpu", use_kernels: bool | None = None, sharded: bool = False,
+                 reduce: bool = True) -> None:
+        """`sharded`: `weights` are already this rank's slices (AttentionWeights.random_shard).
+        `reduce` False skips the all-reduce (one rank's share timed alone, no process group)."""
         if kv_cache not in ("oscar", "bf16"):
             raise ValueError(f"kv_cache must be 'oscar' or 'bf16', got {kv_cache!r}")
         self.shape, self.rank, self.tp, self.group = shape, tp_rank, tp_size, group
         self.n_layers = len(weights)
         self.kv_heads = kv_heads_of_rank(shape.n_kv_heads, tp_rank, tp_size)
         self.q_heads = q_heads_of_rank(shape.n_q_heads, shape.n_kv_heads, tp_rank, tp_size)
-        self.weights = [w.shard(shape, tp_rank, tp_size) for w in weights]
+        self.weights = list(weights) if sharded else [w.shard(shape, tp_rank, tp_size) for w in weights]
+        self.reduce = reduce and tp_size > 1
         dev = torch.device(device)
         cut = lambda r: None if r is None else shard_rotation(r, shape.n_kv_heads, tp_rank, tp_size).to(dev, torch.float32)  # noqa: E731
         oscar = kv_cache == "oscar"
@@ -159,7 +176,7 @@ class TPAttentionStack:
         if rv is not None:
             o = rotate_heads(o, rv, transpose=True)
         out = o.to(x.dtype).reshape(n, -1) @ w.wo.T
-        if self.tp > 1:
+        if self.reduce:
             import torch.distributed as dist
 
             dist.all_reduce(out, group=self.group)
