@@ -260,3 +260,45 @@ def test_metrics_report_latency_tokens_and_kv(app, client):
     count = next(float(line.split()[-1]) for line in text.splitlines()
                  if line.startswith("oscar_time_to_first_token_seconds_count"))
     assert count >= 1
+
+
+def test_full_engine_queue_is_429_with_an_openai_body(app):
+    # A second app whose torch engine admits one request (max_num_seqs 1, max_queue 0): while one
+    # stream decodes, the next request is refused by the engine -> 429, through the official client.
+    import openai
+    from ray import serve
+
+    from oscar_ray.deployments.builder import build_app
+
+    serve.run(build_app({
+        "model_id": MODEL, "tokenizer": "smollm2",
+        "engine": {"kind": "torch", "config": {"model": "smollm2", "max_model_len": 1024, "max_num_seqs": 1,
+                                               "max_queue": 0, "num_threads": 1}},
+        "replicas": {"num_cpus": 0, "max_ongoing_requests": 8}, "ingress": {"num_cpus": 0},
+    }), name="one-slot", route_prefix="/one")
+    try:
+        tight = openai.OpenAI(base_url=f"{BASE}/one/v1", api_key="none", max_retries=0, timeout=60)
+        body = {"model": MODEL, "messages": MSGS, "stream": True, "max_tokens": 900, "temperature": 0,
+                "ignore_eos": True}
+        with httpx.Client(timeout=60) as c, c.stream("POST", f"{BASE}/one/v1/chat/completions", json=body) as r:
+            assert r.status_code == 200
+            lines = r.iter_lines()
+            while not ((line := next(lines)).startswith("data: ") and json.loads(line[6:])["choices"][0]["delta"]
+                       .get("content")):
+                pass  # the one slot is now decoding
+            with pytest.raises(openai.RateLimitError) as e:
+                tight.chat.completions.create(model=MODEL, messages=MSGS, max_tokens=1)
+            r.close()
+        err = e.value.body
+        assert e.value.status_code == 429 and err["type"] == "rate_limit_error" and err["code"] == "overloaded"
+        assert "max_queue" in err["message"]
+        deadline = time.monotonic() + 30  # the closed stream is aborted: the slot frees, requests pass again
+        while True:
+            try:
+                assert tight.chat.completions.create(model=MODEL, messages=MSGS, max_tokens=1).choices
+                break
+            except openai.RateLimitError:
+                assert time.monotonic() < deadline, "the aborted stream never freed its slot"
+                time.sleep(0.2)
+    finally:
+        serve.delete("one-slot")
