@@ -43,6 +43,8 @@ class SGLangEngineConfig(StrictModel):
     cache: OscarCacheConfig = Field(default_factory=OscarCacheConfig, description="Sink/recent windows, scales, page.")
     absorb_v: bool = Field(True, description="Fold R_V into W_v/W_o at weight load instead of rotating at runtime.")
     max_running_requests: int = Field(64, ge=1, description="Concurrent requests; sizes OSCAR's BF16 arena.")
+    max_queue: int | None = Field(None, ge=0, description="Requests waiting beyond max_running_requests before the "
+                                  "engine answers EngineOverloaded (HTTP 429); None: no limit of ours.")
     mem_fraction_static: float | None = Field(None, gt=0, lt=1, description="Weights + KV share of GPU memory.")
     context_length: int | None = Field(None, ge=16, description="Override the model's context length.")
     host: str = Field("127.0.0.1", description="HTTP host of launch_server.")
