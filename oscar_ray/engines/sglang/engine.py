@@ -3,7 +3,11 @@ OSCAR plugin selected by the config (kv_cache="oscar": attention backend "oscar"
 
 What it uses of sglang (`sglang/srt/entrypoints/engine.py`, `managers/tokenizer_manager.py`):
 - `Engine(**sglang_engine_kwargs(cfg))`: launches the schedulers (one process per TP rank) and the
-  detokenizer with mp "spawn", and builds the TokenizerManager in this process. It blocks for the
+  detokenizer with mp "spawn", and builds the TokenizerManager in this process. Inside a Ray
+  placement group (a TP replica: builder.py gives the replica actor no GPU and the group one
+  bundle of GPUs per node) it is `sglang/srt/ray/engine.py::RayEngine` instead, whose
+  `_launch_scheduler_processes` puts one scheduler actor per GPU on the current placement group
+  (`ray.util.get_current_placement_group()`); everything below is inherited from Engine. It blocks for the
   whole model load, so it runs in a worker thread; its zmq.asyncio sockets bind to the event loop
   of their first use (pyzmq `_AsyncSocket._get_loop`), and `TokenizerManager.auto_create_handle_loop`
   starts its receive loop on the loop of the first request: both are the replica's loop.
@@ -16,7 +20,8 @@ What it uses of sglang (`sglang/srt/entrypoints/engine.py`, `managers/tokenizer_
 - `TokenizerManager.load_snapshot_reader.read_all()`: the per-DP-rank `LoadSnapshot`s the
   schedulers publish in shared memory (num_running_reqs, num_waiting_reqs, num_used_tokens,
   max_total_num_tokens, token_usage): `kv_stats` without a round trip.
-- health: every child of `Engine.get_all_child_pids()` alive, the TokenizerManager's loop tasks
+- health: every child of `Engine.get_all_child_pids()` alive (with RayEngine the detokenizer;
+  its scheduler actors are Ray's to watch), the TokenizerManager's loop tasks
   (`asyncio_tasks`) still running, `gracefully_exit` not set. (`is_healthy()` is not used: only
   sglang's HTTP server ever sets `server_status = Up`.) When a scheduler dies, sglang's
   `SubprocessWatchdog` also SIGQUITs this process; inside a Ray actor that ends the replica and
@@ -66,6 +71,21 @@ def _pid_alive(pid: int) -> bool:
             return True
 
 
+def resolve_launcher(launcher: str, in_placement_group: bool) -> str:
+    """"process" (sglang.Engine) or "ray" (RayEngine) for SGLangEngineConfig.launcher."""
+    if launcher == "auto":
+        return "ray" if in_placement_group else "process"
+    return launcher
+
+
+def _in_placement_group() -> bool:
+    try:
+        import ray
+    except ImportError:
+        return False
+    return ray.is_initialized() and ray.util.get_current_placement_group() is not None
+
+
 def _plugin_installed() -> bool:
     from importlib.metadata import entry_points
 
@@ -100,8 +120,13 @@ class SGLangEngine(Engine):
                                  f"{PLUGIN_NAME}): install oscar-ray as a package ({EXTRA_HINT})")
             os.environ.update(sglang_env(self.cfg))
             kwargs = sglang_engine_kwargs(self.cfg)
-            log.info("starting sglang %s engine: %s", sglang.__version__, kwargs)
-            self._sgl = await asyncio.to_thread(lambda: sglang.Engine(**kwargs))
+            launcher = resolve_launcher(self.cfg.launcher, _in_placement_group())
+            if launcher == "ray":
+                from sglang.srt.ray.engine import RayEngine as engine_class
+            else:
+                engine_class = sglang.Engine
+            log.info("starting sglang %s engine (%s): %s", sglang.__version__, launcher, kwargs)
+            self._sgl = await asyncio.to_thread(lambda: engine_class(**kwargs))
             self._tm = self._sgl.tokenizer_manager
             self._incremental = bool(getattr(self._tm, "incremental_streaming_output", False))
 

@@ -43,6 +43,10 @@ class SGLangEngineConfig(StrictModel):
     cache: OscarCacheConfig = Field(default_factory=OscarCacheConfig, description="Sink/recent windows, scales, page.")
     absorb_v: bool = Field(True, description="Fold R_V into W_v/W_o at weight load instead of rotating at runtime.")
     max_running_requests: int = Field(64, ge=1, description="Concurrent requests; sizes OSCAR's BF16 arena.")
+    launcher: Literal["auto", "process", "ray"] = Field(
+        "auto", description="process: sglang.Engine (schedulers as local processes, the GPUs this process sees); "
+        "ray: sglang.srt.ray.engine.RayEngine (schedulers as Ray actors on the replica's placement group); "
+        "auto: ray inside a placement group (placement.tp_size*pp_size > 1), else process.")
     max_queue: int | None = Field(None, ge=0, description="Requests waiting beyond max_running_requests before the "
                                   "engine answers EngineOverloaded (HTTP 429); None: no limit of ours.")
     mem_fraction_static: float | None = Field(None, gt=0, lt=1, description="Weights + KV share of GPU memory.")

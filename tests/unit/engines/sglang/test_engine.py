@@ -22,7 +22,7 @@ from oscar_ray.engines.base import (
     EngineDead, EngineOverloaded, GenerateRequest, InvalidRequest, SamplingParams,
 )
 from oscar_ray.engines.sglang import SGLangEngine, SGLangEngineConfig, build_sglang_engine
-from oscar_ray.engines.sglang.engine import _pid_alive
+from oscar_ray.engines.sglang.engine import _pid_alive, resolve_launcher
 from oscar_ray.engines.sglang.translate import (
     OutputTranslator, SGLangRequestError, finish_reason, map_exception, sglang_generate_kwargs,
     sglang_sampling_params,
@@ -202,3 +202,12 @@ def test_pid_alive_sees_exited_and_zombie_children():
     assert not _pid_alive(child.pid)
     child.wait()
     assert not _pid_alive(child.pid)
+
+
+def test_launcher_is_ray_inside_a_placement_group():
+    assert resolve_launcher("auto", in_placement_group=True) == "ray"
+    assert resolve_launcher("auto", in_placement_group=False) == "process"
+    assert resolve_launcher("process", in_placement_group=True) == "process"
+    assert SGLangEngineConfig(model_path="m", rotations="identity").launcher == "auto"
+    with pytest.raises(ValueError, match="launcher"):
+        SGLangEngineConfig(model_path="m", rotations="identity", launcher="k8s")
