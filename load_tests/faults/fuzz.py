@@ -60,8 +60,13 @@ def cases(paths: dict[str, list[str]], schemas: dict[str, dict], rng: random.Ran
                 if f in ("max_tokens", "max_completion_tokens") and isinstance(v, (int, float)) and 8 < v < 10**6:
                     continue
                 body = {**base, f: v}
-                out.append({"method": "POST", "path": path, "json": body, "stream": rng.random() < 0.3})
-            out.append({"method": "POST", "path": path, "json": {k: x for k, x in base.items() if k != f}})
+                # ~30% of cases also as streams (stream forced true), except mutations of `stream`
+                # itself, which must reach the server as the mutated value
+                out.append({"method": "POST", "path": path, "json": body,
+                            "stream": f != "stream" and rng.random() < 0.3})
+            if f in base:
+                out.append({"method": "POST", "path": path, "json": {k: x for k, x in base.items() if k != f}})
+        out.append({"method": "POST", "path": path, "json": dict(base)})
         for raw in BROKEN:
             out.append({"method": "POST", "path": path, "content": raw})
         out.append({"method": "POST", "path": path, "content": json.dumps(base).encode(),
@@ -76,38 +81,56 @@ def cases(paths: dict[str, list[str]], schemas: dict[str, dict], rng: random.Ran
     return out
 
 
-def check(client: httpx.Client, base_url: str, case: dict) -> str:
-    """'ok' / 'error_4xx' when well-formed, else a failure label."""
+def _row(case: dict, label: str, status: int | None) -> dict:
+    """One case, compact: which field got which value (the rest of the body is the path's base)."""
+    base = BASE.get(case["path"], {})
+    j = case.get("json")
+    if isinstance(j, dict):
+        changed = {k: v for k, v in j.items() if base.get(k, object()) != v}
+        missing = sorted(set(base) - set(j))
+        what = json.dumps(changed)[:80] if changed else ("missing " + ",".join(missing) if missing else "base body")
+    elif "content" in case:
+        what = "raw " + repr(case["content"][:40])[:60] + (f" {case['headers']}" if case.get("headers") else "")
+    else:
+        what = "no body"
+    return {"method": case["method"], "path": case["path"], "input": what, "stream": bool(case.get("stream")),
+            "label": label, "status": status}
+
+
+def check(client: httpx.Client, base_url: str, case: dict) -> tuple[str, int | None]:
+    """(label, HTTP status): label 'ok' / 'error_4xx' when well-formed, else a failure label."""
     url = base_url + case["path"]
     j = case.get("json")
+    # a stream when forced, or when the mutated `stream` is truthy as JSON-bool coercion sees it
+    # (true, 1); then the body is sent as generated
     if isinstance(j, dict) and (case.get("stream") or j.get("stream") in (True, 1)):
         import asyncio
 
-        body = {**case["json"], "stream": True}
+        body = {**j, "stream": True} if case.get("stream") else j
 
         async def go():
             async with httpx.AsyncClient(timeout=120) as ac:
                 return await stream_request(ac, url, body, RequestRecord(0), 120)
         rec = asyncio.run(go())
         if rec.ok:
-            return "ok"
+            return "ok", rec.status
         if rec.error and rec.error.startswith("http_4") and rec.error_code != "not_openai_error":
-            return "error_4xx"
-        return f"bad_{rec.error}:{rec.error_code}"
+            return "error_4xx", rec.status
+        return f"bad_{rec.error}:{rec.error_code}", rec.status
     try:
         r = client.request(case["method"], url, json=case.get("json"), content=case.get("content"),
                            headers=case.get("headers"))
     except httpx.HTTPError as e:  # reset, timeout: the server did not answer this case at all
-        return f"bad_transport_{type(e).__name__}"
+        return f"bad_transport_{type(e).__name__}", None
     try:
         body = r.json()
     except ValueError:
-        return f"bad_{r.status_code}_not_json"
+        return f"bad_{r.status_code}_not_json", r.status_code
     if 200 <= r.status_code < 300 and _is_success(case["path"], body):
-        return "ok"
+        return "ok", r.status_code
     if 400 <= r.status_code < 500 and _is_error(body):
-        return "error_4xx"
-    return f"bad_{r.status_code}"
+        return "error_4xx", r.status_code
+    return f"bad_{r.status_code}", r.status_code
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -126,10 +149,11 @@ def main(argv: list[str] | None = None) -> int:
             spec = client.get(url + "/openapi.json").json()
             paths = {p: list(ops) for p, ops in spec["paths"].items()}
             todo = cases(paths, schemas, random.Random(args.seed))
-            outcomes, failures, health_bad = Counter(), [], 0
+            outcomes, failures, health_bad, rows = Counter(), [], 0, []
             for i, case in enumerate(todo):
-                label = check(client, url, case)
+                label, status = check(client, url, case)
                 outcomes[label] += 1
+                rows.append(_row(case, label, status))
                 if label.startswith("bad"):
                     failures.append({"case": {k: (v if k != "content" else v[:200].decode("latin-1"))
                                               for k, v in case.items() if k != "json"} | (
@@ -138,7 +162,10 @@ def main(argv: list[str] | None = None) -> int:
                     health_bad += 1
             health_end = client.get(url + "/health").status_code
     res = {"conditions": conditions(url, MODEL), "openapi_paths": paths, "cases": len(todo),
-           "outcomes": dict(outcomes), "failures": failures[:50], "health_failures": health_bad,
+           "outcomes": dict(outcomes),
+           "status_by_path": {p: dict(Counter(r["status"] for r in rows if r["path"] == p))
+                              for p in sorted({r["path"] for r in rows})},
+           "failures": failures[:50], "cases_table": rows, "health_failures": health_bad,
            "health_at_end": health_end,
            "verdict": {"pass": not failures and health_bad == 0 and health_end == 200, "malformed": len(failures)}}
     save(res, args.out)

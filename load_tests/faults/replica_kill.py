@@ -35,12 +35,21 @@ def _in_flight(records: list[dict], at: float) -> list[dict]:
     return [r for r in records if r["start"] <= at < r["start"] + (r["e2e"] or 0.0)]
 
 
+async def _busiest(procs: list, window_s: float = 1.0) -> tuple:
+    """The replica process that used the most CPU over `window_s`, and each one's CPU share: the
+    victim must be serving streams (the router may put all 8 on one replica; a first run killed
+    an idle one and so tested nothing)."""
+    before = [sum(p.cpu_times()[:2]) for p in procs]
+    await asyncio.sleep(window_s)
+    share = [(sum(p.cpu_times()[:2]) - b) / window_s for p, b in zip(procs, before)]
+    return procs[max(range(len(procs)), key=share.__getitem__)], {p.pid: round(c, 2) for p, c in zip(procs, share)}
+
+
 async def scenario(url: str, kill_after_s: float) -> dict:
     t_load = time.perf_counter()
     load = asyncio.create_task(run_workload(url, _wl(24, 8), with_text=True))
     await asyncio.sleep(kill_after_s)
-    procs = replica_processes(APP)
-    victim = procs[0]
+    victim, cpu_share = await _busiest(replica_processes(APP))
     t_kill = time.perf_counter()
     os.kill(victim.pid, signal.SIGKILL)
     during = await load
@@ -59,6 +68,7 @@ async def scenario(url: str, kill_after_s: float) -> dict:
     garbled = [r for res in (during, after, final) for r in res["records"]
                if r["error"] == "garbled" or "\ufffd" in (r.get("text") or "")]
     return {"during": during, "after_kill": after, "after_restart": final, "victim_pid": victim.pid,
+            "replica_cpu_share_before_kill": cpu_share,
             "kill_at_s": kill_after_s, "replica_back_after_s": restarted_s,
             "verdict": {
                 "during_outcomes": dict(Counter(r["error"] or "ok" for r in during["records"])),
