@@ -27,6 +27,7 @@ import triton
 
 from oscar_ray.kernels import (bf16_write, default_num_splits, demote_pages, int2_decode_attention,
                                int2_extend_attention, int2_write)
+from oscar_ray.kernels.decode_attention import default_block_n
 from oscar_ray.kernels.synthetic import random_mixed_cache
 
 HQ, HKV, D, PAGE = 32, 8, 128, 8  # Qwen3-8B attention geometry
@@ -98,15 +99,17 @@ def bench_decode(batch: int, ctx: int, args, device: str) -> list[str] | None:
         return [str(batch), str(ctx), "skipped (memory)", "", "", "", "", "", ""]
     kv, seg = random_mixed_cache([n2] * batch, [SINK + RECENT] * batch, HKV, D, scale_dtype=args.scale_dtype,
                                  device=device)
-    splits = args.num_splits or default_num_splits(batch, HKV, n2, block_n=args.block_n)
+    block_n = args.block_n or default_block_n(batch, HKV, n2)
+    splits = args.num_splits or default_num_splits(batch, HKV, n2, block_n=block_n)
     q = torch.randn(batch, HQ, D, device=device)
 
     def ours(copies):
         caches = [(kv, seg)] + [(type(kv)(*[t.clone() for t in list(_tensors(kv))], kv.group_size),
                                  type(seg)(*[t.clone() for t in _tensors(seg)])) for _ in range(copies - 1)]
-        return [lambda c=c: int2_decode_attention(q, c[0], c[1], num_splits=splits, block_n=args.block_n,
+        return [lambda c=c: int2_decode_attention(q, c[0], c[1], num_splits=splits, block_n=block_n,
                                                   num_warps=args.num_warps, num_stages=args.num_stages,
-                                                  precision=args.precision, max_registers=args.max_registers)
+                                                  precision=args.precision, max_registers=args.max_registers,
+                                                  tokens_m=args.tokens_m)
                 for c in caches]
 
     t_ours = time_calls(ours, ours_bytes, args)
@@ -123,7 +126,8 @@ def bench_decode(batch: int, ctx: int, args, device: str) -> list[str] | None:
     t_sdpa = time_calls(base, sdpa_bytes, args)
     del kb, vb
     gbs = ours_bytes / t_ours[1] / 1e3
-    return [str(batch), str(ctx), _fmt(t_ours), f"{gbs:.0f}", f"{100 * gbs / args.peak_gbs:.0f}%", str(splits),
+    return [str(batch), str(ctx), _fmt(t_ours), f"{gbs:.0f}", f"{100 * gbs / args.peak_gbs:.0f}%",
+            f"{splits} / {block_n}",
             f"{_fmt(t_sdpa)} {backend}", f"{sdpa_bytes / t_sdpa[1] / 1e3:.0f}", f"{t_sdpa[1] / t_ours[1]:.2f}×"]
 
 
@@ -231,7 +235,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--precision", default="bf16", choices=["ieee", "tf32", "bf16", "fp16"])
     p.add_argument("--extend-precision", default="bf16", choices=["ieee", "tf32", "bf16", "fp16"])
     p.add_argument("--num-splits", type=int, default=None, help="INT2 splits (default: default_num_splits)")
-    p.add_argument("--block-n", type=int, default=128)
+    p.add_argument("--block-n", type=int, default=None, help="INT2 tile (default: default_block_n)")
+    p.add_argument("--tokens-m", type=int, default=None, choices=[0, 1], help="0: q as the MMA A operand")
     p.add_argument("--num-warps", type=int, default=4)
     p.add_argument("--num-stages", type=int, default=3)
     p.add_argument("--max-registers", type=int, default=None, help="ptxas maxnreg for the INT2 stage-1 kernel")
@@ -264,12 +269,13 @@ def main(argv: list[str] | None = None) -> int:
         f" python {sys.version.split()[0]}",
         f"- geometry: {HQ} q heads, {HKV} KV heads, d {D}, page {PAGE}; BF16 sink {SINK} + recent {RECENT} tokens,"
         f" INT2 rest; scales {str(args.scale_dtype).split('.')[-1]}; decode precision {args.precision},"
-        f" block_n {args.block_n}, warps {args.num_warps}, stages {args.num_stages},"
+        f" block_n {args.block_n or 'default_block_n'}, tokens_m {args.tokens_m}, warps {args.num_warps},"
+        f" stages {args.num_stages},"
         f" maxnreg {args.max_registers or 'ptxas default'}",
         f"- {how}; µs per call = median (p20–p80); GB/s on bytes read (INT2 codes + scales + BF16 tokens"
         f" + q/o; SDPA: BF16 K/V + q/o); % of {args.peak_gbs / 1000:.1f} TB/s; speedup = SDPA µs / ours µs", "",
         "## Decode (one query per request, one layer)", "",
-        *_table(["batch", "context", "ours µs", "ours GB/s", "% peak", "splits", "SDPA µs (backend)", "SDPA GB/s",
+        *_table(["batch", "context", "ours µs", "ours GB/s", "% peak", "splits / block_n", "SDPA µs (backend)", "SDPA GB/s",
                  "speedup"], decode), "",
         "## Writes per decode step (one token per request, K + V, one layer)", "",
         "bf16_write = rotate + store into the BF16 ring (the decode path); int2_write = fused rotate + clip +"

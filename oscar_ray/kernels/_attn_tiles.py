@@ -127,20 +127,21 @@ def _codes4(codes_ptr, cbase, nmask, QD: tl.constexpr, TRANS: tl.constexpr, PREC
 CODE_OFFSET = tl.constexpr(128.0)
 # Four packed bytes (one 32-bit register, elements e0..e3) → quarters k = 0..3 as bf16 pairs
 # (e0, e1), (e2, e3): prmt spreads the bytes into the two 16-bit lanes once, then per quarter one
-# shift and one and-or (lop3) make two elements: ~1.1 integer ops per element instead of ~4 (byte
-# extract, shift, mask, or, pack) when written elementwise in Triton.
+# shift and one lop3 ((t & 0x00030003) | 0x43004300, LUT 0xEA) make two elements: 12 integer ops per
+# 16 elements.  Written as separate and / or, ptxas kept two LOP3s per output (sm_90 SASS of the
+# stage-1 loop: 263 LOP3 + 96 SHF + 68 PRMT per warp per 128-token tile, now 135 LOP3).
 _UNPACK4_ASM = tl.constexpr("""{
     .reg .b32 lo, hi, t;
     prmt.b32 lo, $8, 0, 0x4140;
     prmt.b32 hi, $8, 0, 0x4342;
-    and.b32 t, lo, 0x00030003;      or.b32 $0, t, 0x43004300;
-    and.b32 t, hi, 0x00030003;      or.b32 $1, t, 0x43004300;
-    shr.b32 t, lo, 2; and.b32 t, t, 0x00030003; or.b32 $2, t, 0x43004300;
-    shr.b32 t, hi, 2; and.b32 t, t, 0x00030003; or.b32 $3, t, 0x43004300;
-    shr.b32 t, lo, 4; and.b32 t, t, 0x00030003; or.b32 $4, t, 0x43004300;
-    shr.b32 t, hi, 4; and.b32 t, t, 0x00030003; or.b32 $5, t, 0x43004300;
-    shr.b32 t, lo, 6; and.b32 t, t, 0x00030003; or.b32 $6, t, 0x43004300;
-    shr.b32 t, hi, 6; and.b32 t, t, 0x00030003; or.b32 $7, t, 0x43004300;
+    lop3.b32 $0, lo, 0x00030003, 0x43004300, 0xEA;
+    lop3.b32 $1, hi, 0x00030003, 0x43004300, 0xEA;
+    shr.b32 t, lo, 2; lop3.b32 $2, t, 0x00030003, 0x43004300, 0xEA;
+    shr.b32 t, hi, 2; lop3.b32 $3, t, 0x00030003, 0x43004300, 0xEA;
+    shr.b32 t, lo, 4; lop3.b32 $4, t, 0x00030003, 0x43004300, 0xEA;
+    shr.b32 t, hi, 4; lop3.b32 $5, t, 0x00030003, 0x43004300, 0xEA;
+    shr.b32 t, lo, 6; lop3.b32 $6, t, 0x00030003, 0x43004300, 0xEA;
+    shr.b32 t, hi, 6; lop3.b32 $7, t, 0x00030003, 0x43004300, 0xEA;
 }""")
 
 

@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from ._attn_tiles import _int2_step, _load_q4, _page_bases, _rows_step, _store4
+from ._decode_tiles import _int2_step_t
 from ._validate import (FLOAT_ROWS, check_positive, check_pow2, check_precision, check_rotation, check_tensor,
                         nonempty_table)
 from .layout import PagedKV, Segments
@@ -38,7 +39,7 @@ def _tier_partial(q_ptr, k_ptr, ks_ptr, v_ptr, vs_ptr, table_ptr, lens_ptr, mid_
                   n_q_heads, b, kh, split, row_split, total_splits,
                   GQA: tl.constexpr, PAGE: tl.constexpr, D: tl.constexpr, GS: tl.constexpr,
                   INT2: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_H: tl.constexpr,
-                  BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
+                  BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, TOKENS_M: tl.constexpr):
     """Split `split` of one tier of request b, KV head kh → partial row `row_split` of mid_o / mid_lse."""
     QD: tl.constexpr = D // 4
     seq_len = tl.load(lens_ptr + b)
@@ -58,14 +59,21 @@ def _tier_partial(q_ptr, k_ptr, ks_ptr, v_ptr, vs_ptr, table_ptr, lens_ptr, mid_
     a2 = tl.zeros([BLOCK_H, QD], tl.float32)
     a3 = tl.zeros([BLOCK_H, QD], tl.float32)
     table = table_ptr + b.to(tl.int64) * s_table
+    # TOKENS_M (launcher: one (s, z) group per row, 16-bit operands): tokens as the MMA's M side
+    if INT2 and TOKENS_M:
+        qt0, qt1, qt2, qt3 = tl.trans(q0), tl.trans(q1), tl.trans(q2), tl.trans(q3)
     for n0 in range(start, end, BLOCK_N):
         offs = n0 + tl.arange(0, BLOCK_N)
         nmask = offs < end
         base = _page_bases(table, offs, nmask, PAGE, s_page, s_tok, kh * s_head)
         if INT2:
             sbase = _page_bases(table, offs, nmask, PAGE, ss_page, ss_tok, kh * ss_head)
-            m, l, a0, a1, a2, a3 = _int2_step(q0, q1, q2, q3, qsum, k_ptr, ks_ptr, v_ptr, vs_ptr, base, sbase,
-                                              nmask, m, l, a0, a1, a2, a3, QD, GS, PRECISION)
+            if TOKENS_M:
+                m, l, a0, a1, a2, a3 = _int2_step_t(qt0, qt1, qt2, qt3, qsum, k_ptr, ks_ptr, v_ptr, vs_ptr, base,
+                                                    sbase, nmask, m, l, a0, a1, a2, a3, QD, PRECISION)
+            else:
+                m, l, a0, a1, a2, a3 = _int2_step(q0, q1, q2, q3, qsum, k_ptr, ks_ptr, v_ptr, vs_ptr, base, sbase,
+                                                  nmask, m, l, a0, a1, a2, a3, QD, GS, PRECISION)
         else:
             m, l, a0, a1, a2, a3 = _rows_step(q0, q1, q2, q3, k_ptr, v_ptr, base, nmask, nmask[None, :],
                                               m, l, a0, a1, a2, a3, QD, PRECISION)
@@ -83,7 +91,8 @@ def _decode_stage1_kernel(q_ptr, kc_ptr, ks_ptr, vc_ptr, vs_ptr, t2_ptr, l2_ptr,
                           sbp, sbt, sbh, st16, n_q_heads,
                           GQA: tl.constexpr, PAGE2: tl.constexpr, PAGE16: tl.constexpr, D: tl.constexpr,
                           GS: tl.constexpr, SPLITS2: tl.constexpr, SPLITS16: tl.constexpr, BLOCK_H: tl.constexpr,
-                          BLOCK_N2: tl.constexpr, BLOCK_N16: tl.constexpr, PRECISION: tl.constexpr):
+                          BLOCK_N2: tl.constexpr, BLOCK_N16: tl.constexpr, PRECISION: tl.constexpr,
+                          TOKENS_M: tl.constexpr):
     # both tiers in one launch (splits [0, SPLITS2) INT2, the rest BF16): one kernel launch fewer per
     # layer and step, ~4 µs of a 25 µs bs-1 16K step on the H200
     b = tl.program_id(0)
@@ -93,11 +102,11 @@ def _decode_stage1_kernel(q_ptr, kc_ptr, ks_ptr, vc_ptr, vs_ptr, t2_ptr, l2_ptr,
     if split < SPLITS2:
         _tier_partial(q_ptr, kc_ptr, ks_ptr, vc_ptr, vs_ptr, t2_ptr, l2_ptr, mid_o_ptr, mid_lse_ptr, qk_scale, sqb, sqh,
                       scp, sct, sch, ssp, sst, ssh, st2, n_q_heads, b, kh, split, split, total,
-                      GQA, PAGE2, D, GS, True, SPLITS2, BLOCK_H, BLOCK_N2, PRECISION)
+                      GQA, PAGE2, D, GS, True, SPLITS2, BLOCK_H, BLOCK_N2, PRECISION, TOKENS_M)
     else:
         _tier_partial(q_ptr, kb_ptr, kb_ptr, vb_ptr, vb_ptr, t16_ptr, l16_ptr, mid_o_ptr, mid_lse_ptr, qk_scale, sqb,
                       sqh, sbp, sbt, sbh, 0, 0, 0, st16, n_q_heads, b, kh, split - SPLITS2, split, total,
-                      GQA, PAGE16, D, GS, False, SPLITS16, BLOCK_H, BLOCK_N16, PRECISION)
+                      GQA, PAGE16, D, GS, False, SPLITS16, BLOCK_H, BLOCK_N16, PRECISION, False)
 
 
 @triton.jit
@@ -135,6 +144,15 @@ def default_num_splits(batch: int, n_kv_heads: int, max_len: int | None = None, 
     return max(1, min(128, splits))
 
 
+def default_block_n(batch: int, n_kv_heads: int, max_len: int | None, num_sms: int = H200_SMS) -> int:
+    """INT2 tile length for the one-group layout: 64 when even 4-tile splits of 128 leave the H200 short of
+    work (fewer than 4 programs per SM), else 128.  H200 sweep (decode_h200.md): bs 1 × 16K ran 19.7 µs
+    at 64 (63 splits) vs 22.1 µs at 128 (32 splits); bs 1 × 128K and bs 8 ran faster at 128."""
+    if max_len is None:
+        return 128
+    return 64 if batch * n_kv_heads * math.ceil(max_len / (4 * 128)) < 4 * num_sms else 128
+
+
 def default_bf16_splits(batch: int, n_kv_heads: int, num_sms: int = H200_SMS) -> int:
     """BF16 splits: the tier is small (64 sink + 256-263 recent tokens), ≤ 8 splits as in the original."""
     return max(1, min(8, math.ceil(num_sms / max(1, batch * n_kv_heads))))
@@ -145,7 +163,8 @@ def int2_decode_attention(q: torch.Tensor, kv: PagedKV, seg: Segments, *, k_rota
                           num_splits: int | None = None, bf16_splits: int | None = None,
                           max_int2_len: int | None = None, block_n: int | None = None, bf16_block_n: int = 64,
                           num_warps: int = 4, num_stages: int | None = None, precision: str = "bf16",
-                          num_sms: int = H200_SMS, max_registers: int | None = None) -> torch.Tensor:
+                          num_sms: int = H200_SMS, max_registers: int | None = None,
+                          tokens_m: bool | None = None) -> torch.Tensor:
     """One decode query per request over its INT2 + BF16 tokens → o [B, Hq, d] float32.
 
     q [B, Hq, d] is in the rotated K basis unless k_rotation (fp32 [d, d] or [H_kv, d, d]) is given,
@@ -157,10 +176,13 @@ def int2_decode_attention(q: torch.Tensor, kv: PagedKV, seg: Segments, *, k_rota
     range, 1.7× the shared memory and 1.2× the registers at sm_90); "ieee": fp32 FMA, for checks.
     No host sync: pass num_splits (or max_int2_len) to tune; the grid does not depend on lengths.
     block_n / num_stages None: 128 / 3 for the default layout (one (s, z) group per row) at bf16 or
-    fp16, the fastest on the H200 sweep; 64 / 2 otherwise, since per-element dequantisation of several
+    fp16, the fastest on the H200 sweep (block_n 64 for short work, default_block_n, when
+    max_int2_len is given); 64 / 2 otherwise, since per-element dequantisation of several
     groups, or fp32 operands, at 128 / 3 needs 279-353 KB of shared memory (the H200 has 227 KB).
     max_registers caps the INT2 stage-1 kernel's registers a thread (ptxas maxnreg), trading spills
     for resident programs; None lets ptxas choose.
+    tokens_m (default True for that layout): INT2 scores as S^T = C·q^T, tokens on the MMA's M side
+    (_decode_tiles.py); False keeps q as the A operand (the only choice for several groups / fp32).
     Example: o = int2_decode_attention(q, PagedKV(...), Segments(...), k_rotation=R_K, v_rotation=R_V)
     """
     geo = kv.geometry()
@@ -171,7 +193,8 @@ def int2_decode_attention(q: torch.Tensor, kv: PagedKV, seg: Segments, *, k_rota
         raise ValueError(f"q has {hq} heads, not a multiple of the cache's {hkv} KV heads")
     precision = check_precision(precision)
     fast = geo.group_size == d and precision in ("bf16", "bf16_interp", "fp16")
-    block_n = block_n if block_n is not None else (128 if fast else 64)
+    block_n = block_n if block_n is not None else (default_block_n(b, hkv, max_int2_len, num_sms) if fast else 64)
+    tokens_m = fast if tokens_m is None else bool(tokens_m) and fast
     num_stages = num_stages if num_stages is not None else (3 if fast else 2)
     for name, value in (("block_n", block_n), ("bf16_block_n", bf16_block_n)):
         check_pow2(name, value, minimum=16)
@@ -200,6 +223,7 @@ def int2_decode_attention(q: torch.Tensor, kv: PagedKV, seg: Segments, *, k_rota
         *kv.k_scales.stride()[:3], t2.stride(0), *kv.k_bf16.stride()[:3], t16.stride(0), hq,
         GQA=g, PAGE2=geo.int2_page_size, PAGE16=geo.bf16_page_size, D=d, GS=geo.group_size, SPLITS2=s2,
         SPLITS16=s16, BLOCK_H=block_h, BLOCK_N2=block_n, BLOCK_N16=bf16_block_n, PRECISION=precision,
+        TOKENS_M=tokens_m,
         num_warps=num_warps, num_stages=num_stages, **({} if max_registers is None else {"maxnreg": max_registers}))
     _decode_merge_kernel[(b, hq)](mid_o, mid_lse, out, out.stride(0), out.stride(1), hq, total,
                                   D=d, BLOCK_S=triton.next_power_of_2(total), num_warps=4)
