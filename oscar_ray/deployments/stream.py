@@ -51,7 +51,8 @@ class StreamFailed(Exception):
 
     @classmethod
     def lost_replica(cls, e: BaseException) -> StreamFailed:
-        return cls(503, f"the engine replica failed mid-request ({type(e).__name__}: {e}); retry the request",
+        first = (str(e).strip().splitlines() or [""])[0]  # Ray's messages go on with actor id, pid, ...
+        return cls(503, f"the engine replica failed mid-request ({type(e).__name__}: {first}); retry the request",
                    "engine_unavailable")
 
     def event(self) -> str:
