@@ -157,12 +157,14 @@ class SGLangEngine(Engine):
         tm = self._tm
         vocab = getattr(getattr(tm, "model_config", None), "vocab_size", None)
         kwargs = sglang_generate_kwargs(request, getattr(tm, "tokenizer", None), vocab)
-        self._live.add(request.request_id)
         return self._stream(request.request_id, kwargs)
 
     async def _stream(self, rid: str, kwargs: dict) -> AsyncIterator[Chunk]:
+        # Counted from the first iteration, which the replica starts right after generate() with no
+        # await between: a stream closed before it started never reaches sglang and leaves nothing.
         tr = OutputTranslator(rid, self._incremental)
         gen, finished = None, False
+        self._live.add(rid)
         try:
             try:
                 gen = await self._sgl.async_generate(**kwargs)
