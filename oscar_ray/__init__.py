@@ -50,6 +50,7 @@ _EXPORTS = {
     "TorchEngineConfig": "oscar_ray.engines.torch.config",
     "build_torch_engine": "oscar_ray.engines.torch",
     "SGLangEngineConfig": "oscar_ray.engines.sglang",
+    "build_sglang_engine": "oscar_ray.engines.sglang",
     # deployments (ray serve)
     "ServeAppConfig": "oscar_ray.deployments.config",
     "build_app": "oscar_ray.deployments.builder",
