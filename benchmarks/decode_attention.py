@@ -109,7 +109,7 @@ def bench_decode(batch: int, ctx: int, args, device: str) -> list[str] | None:
         return [lambda c=c: int2_decode_attention(q, c[0], c[1], num_splits=splits, block_n=block_n,
                                                   num_warps=args.num_warps, num_stages=args.num_stages,
                                                   precision=args.precision, max_registers=args.max_registers,
-                                                  tokens_m=args.tokens_m)
+                                                  int2_mma=args.int2_mma)
                 for c in caches]
 
     t_ours = time_calls(ours, ours_bytes, args)
@@ -236,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--extend-precision", default="bf16", choices=["ieee", "tf32", "bf16", "fp16"])
     p.add_argument("--num-splits", type=int, default=None, help="INT2 splits (default: default_num_splits)")
     p.add_argument("--block-n", type=int, default=None, help="INT2 tile (default: default_block_n)")
-    p.add_argument("--tokens-m", type=int, default=None, choices=[0, 1], help="0: q as the MMA A operand")
+    p.add_argument("--int2-mma", type=int, default=None, choices=[0, 1, 2], help="int2_decode_attention's int2_mma")
     p.add_argument("--num-warps", type=int, default=4)
     p.add_argument("--num-stages", type=int, default=3)
     p.add_argument("--max-registers", type=int, default=None, help="ptxas maxnreg for the INT2 stage-1 kernel")
@@ -269,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
         f" python {sys.version.split()[0]}",
         f"- geometry: {HQ} q heads, {HKV} KV heads, d {D}, page {PAGE}; BF16 sink {SINK} + recent {RECENT} tokens,"
         f" INT2 rest; scales {str(args.scale_dtype).split('.')[-1]}; decode precision {args.precision},"
-        f" block_n {args.block_n or 'default_block_n'}, tokens_m {args.tokens_m}, warps {args.num_warps},"
+        f" block_n {args.block_n or 'default_block_n'}, int2_mma {'default' if args.int2_mma is None else args.int2_mma}, warps {args.num_warps},"
         f" stages {args.num_stages},"
         f" maxnreg {args.max_registers or 'ptxas default'}",
         f"- {how}; µs per call = median (p20–p80); GB/s on bytes read (INT2 codes + scales + BF16 tokens"

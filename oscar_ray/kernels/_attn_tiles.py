@@ -146,12 +146,14 @@ _UNPACK4_ASM = tl.constexpr("""{
 
 
 @triton.jit
-def _codes4_offset(codes_ptr, cbase, nmask, QD: tl.constexpr, TRANS: tl.constexpr, PRECISION: tl.constexpr):
+def _codes4_offset(codes_ptr, cbase, nmask, QD: tl.constexpr, TRANS: tl.constexpr, PRECISION: tl.constexpr,
+                   PURE: tl.constexpr = True):
     """The four code quarters as bf16 dot operands holding c + CODE_OFFSET (exact), for "bf16" precision.
 
     Under the interpreter ("bf16_interp") the same values are made by fp32 addition, since its bf16
     bitcast is not a float; the algebra the caller applies (zero point + CODE_OFFSET) is identical.
     Masked tokens read code 0 (value CODE_OFFSET), which their zero scale / −inf score discards.
+    PURE False marks the unpack impure, which keeps Triton from re-laying it out (_decode_tiles).
     """
     col = tl.arange(0, QD)
     if TRANS:
@@ -161,7 +163,7 @@ def _codes4_offset(codes_ptr, cbase, nmask, QD: tl.constexpr, TRANS: tl.constexp
     if PRECISION == "bf16":
         c0, c1, c2, c3 = tl.inline_asm_elementwise(_UNPACK4_ASM, "=r,=r,=r,=r,=r,=r,=r,=r,r", [packed],
                                                    dtype=(tl.bfloat16, tl.bfloat16, tl.bfloat16, tl.bfloat16),
-                                                   is_pure=True, pack=4)
+                                                   is_pure=PURE, pack=4)
     else:
         packed = packed.to(tl.int16)
         c0 = (packed & 3).to(tl.float32) + CODE_OFFSET

@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from ._attn_tiles import _int2_step, _load_q4, _page_bases, _rows_step, _store4
-from ._decode_tiles import _int2_step_t
+from ._decode_tiles import _int2_partial_staged, _int2_step_t
 from ._validate import (FLOAT_ROWS, check_positive, check_pow2, check_precision, check_rotation, check_tensor,
                         nonempty_table)
 from .layout import PagedKV, Segments
@@ -92,7 +92,7 @@ def _decode_stage1_kernel(q_ptr, kc_ptr, ks_ptr, vc_ptr, vs_ptr, t2_ptr, l2_ptr,
                           GQA: tl.constexpr, PAGE2: tl.constexpr, PAGE16: tl.constexpr, D: tl.constexpr,
                           GS: tl.constexpr, SPLITS2: tl.constexpr, SPLITS16: tl.constexpr, BLOCK_H: tl.constexpr,
                           BLOCK_N2: tl.constexpr, BLOCK_N16: tl.constexpr, PRECISION: tl.constexpr,
-                          TOKENS_M: tl.constexpr):
+                          MMA: tl.constexpr):
     # both tiers in one launch (splits [0, SPLITS2) INT2, the rest BF16): one kernel launch fewer per
     # layer and step, ~4 µs of a 25 µs bs-1 16K step on the H200
     b = tl.program_id(0)
@@ -100,9 +100,14 @@ def _decode_stage1_kernel(q_ptr, kc_ptr, ks_ptr, vc_ptr, vs_ptr, t2_ptr, l2_ptr,
     split = tl.program_id(2)
     total = SPLITS2 + SPLITS16
     if split < SPLITS2:
-        _tier_partial(q_ptr, kc_ptr, ks_ptr, vc_ptr, vs_ptr, t2_ptr, l2_ptr, mid_o_ptr, mid_lse_ptr, qk_scale, sqb, sqh,
-                      scp, sct, sch, ssp, sst, ssh, st2, n_q_heads, b, kh, split, split, total,
-                      GQA, PAGE2, D, GS, True, SPLITS2, BLOCK_H, BLOCK_N2, PRECISION, TOKENS_M)
+        if MMA == 2:
+            _int2_partial_staged(q_ptr, kc_ptr, ks_ptr, vc_ptr, vs_ptr, t2_ptr, l2_ptr, mid_o_ptr, mid_lse_ptr,
+                                 qk_scale, sqb, sqh, scp, sct, sch, ssp, sst, ssh, st2, n_q_heads, b, kh, split,
+                                 total, GQA, PAGE2, D, SPLITS2, BLOCK_H, BLOCK_N2, PRECISION)
+        else:
+            _tier_partial(q_ptr, kc_ptr, ks_ptr, vc_ptr, vs_ptr, t2_ptr, l2_ptr, mid_o_ptr, mid_lse_ptr, qk_scale,
+                          sqb, sqh, scp, sct, sch, ssp, sst, ssh, st2, n_q_heads, b, kh, split, split, total,
+                          GQA, PAGE2, D, GS, True, SPLITS2, BLOCK_H, BLOCK_N2, PRECISION, MMA == 1)
     else:
         _tier_partial(q_ptr, kb_ptr, kb_ptr, vb_ptr, vb_ptr, t16_ptr, l16_ptr, mid_o_ptr, mid_lse_ptr, qk_scale, sqb,
                       sqh, sbp, sbt, sbh, 0, 0, 0, st16, n_q_heads, b, kh, split - SPLITS2, split, total,
@@ -164,7 +169,7 @@ def int2_decode_attention(q: torch.Tensor, kv: PagedKV, seg: Segments, *, k_rota
                           max_int2_len: int | None = None, block_n: int | None = None, bf16_block_n: int = 64,
                           num_warps: int = 4, num_stages: int | None = None, precision: str = "bf16",
                           num_sms: int = H200_SMS, max_registers: int | None = None,
-                          tokens_m: bool | None = None) -> torch.Tensor:
+                          int2_mma: int | None = None) -> torch.Tensor:
     """One decode query per request over its INT2 + BF16 tokens → o [B, Hq, d] float32.
 
     q [B, Hq, d] is in the rotated K basis unless k_rotation (fp32 [d, d] or [H_kv, d, d]) is given,
@@ -181,8 +186,10 @@ def int2_decode_attention(q: torch.Tensor, kv: PagedKV, seg: Segments, *, k_rota
     groups, or fp32 operands, at 128 / 3 needs 279-353 KB of shared memory (the H200 has 227 KB).
     max_registers caps the INT2 stage-1 kernel's registers a thread (ptxas maxnreg), trading spills
     for resident programs; None lets ptxas choose.
-    tokens_m (default True for that layout): INT2 scores as S^T = C·q^T, tokens on the MMA's M side
-    (_decode_tiles.py); False keeps q as the A operand (the only choice for several groups / fp32).
+    int2_mma: how the INT2 tier meets the tensor cores (_decode_tiles.py), for the one-group layout at
+    bf16 / fp16 only (else 0): 0 q as the A operand, S = q·C^T; 1 tokens as M, S^T = C·q^T with the
+    codes as register A operand; 2 (default there) both products with M = tokens / dims and the codes
+    staged in shared memory.
     Example: o = int2_decode_attention(q, PagedKV(...), Segments(...), k_rotation=R_K, v_rotation=R_V)
     """
     geo = kv.geometry()
@@ -194,7 +201,9 @@ def int2_decode_attention(q: torch.Tensor, kv: PagedKV, seg: Segments, *, k_rota
     precision = check_precision(precision)
     fast = geo.group_size == d and precision in ("bf16", "bf16_interp", "fp16")
     block_n = block_n if block_n is not None else (default_block_n(b, hkv, max_int2_len, num_sms) if fast else 64)
-    tokens_m = fast if tokens_m is None else bool(tokens_m) and fast
+    if int2_mma not in (None, 0, 1, 2):
+        raise ValueError(f"int2_mma must be 0, 1 or 2, got {int2_mma!r}")
+    int2_mma = (2 if int2_mma is None else int2_mma) if fast else 0
     num_stages = num_stages if num_stages is not None else (3 if fast else 2)
     for name, value in (("block_n", block_n), ("bf16_block_n", bf16_block_n)):
         check_pow2(name, value, minimum=16)
@@ -223,7 +232,7 @@ def int2_decode_attention(q: torch.Tensor, kv: PagedKV, seg: Segments, *, k_rota
         *kv.k_scales.stride()[:3], t2.stride(0), *kv.k_bf16.stride()[:3], t16.stride(0), hq,
         GQA=g, PAGE2=geo.int2_page_size, PAGE16=geo.bf16_page_size, D=d, GS=geo.group_size, SPLITS2=s2,
         SPLITS16=s16, BLOCK_H=block_h, BLOCK_N2=block_n, BLOCK_N16=bf16_block_n, PRECISION=precision,
-        TOKENS_M=tokens_m,
+        MMA=int2_mma,
         num_warps=num_warps, num_stages=num_stages, **({} if max_registers is None else {"maxnreg": max_registers}))
     _decode_merge_kernel[(b, hq)](mid_o, mid_lse, out, out.stride(0), out.stride(1), hq, total,
                                   D=d, BLOCK_S=triton.next_power_of_2(total), num_warps=4)

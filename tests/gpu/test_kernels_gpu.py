@@ -99,17 +99,17 @@ def test_decode_matches_reference_cuda(seed, precision, atol, rtol, group_size):
     assert_close_verbose(out, decode_attention_reference(q, kv, seg), atol, rtol, what=precision)
 
 
-@pytest.mark.parametrize("g, d, block_n, tokens_m", [(g, d, 128, True) for g in (1, 3, 4, 8, 12) for d in (64, 128)]
-                         + [(4, 128, 128, False), (4, 128, 64, True), (4, 128, 64, False)])
-def test_decode_fast_layout_gqa_cuda(seed, g, d, block_n, tokens_m):
-    # the one-group bf16 path (prmt/lop3 unpack; tokens as the MMA's M side unless tokens_m=False) at every
-    # GQA ratio and head_dim, with partial last pages and a request of one token
+@pytest.mark.parametrize("g, d, block_n, mma", [(g, d, 128, 2) for g in (1, 3, 4, 8, 12) for d in (64, 128)]
+                         + [(4, 128, bn, mma) for bn in (64, 128) for mma in (0, 1)] + [(4, 128, 64, 2), (12, 64, 64, 2)])
+def test_decode_fast_layout_gqa_cuda(seed, g, d, block_n, mma):
+    # the one-group bf16 path (prmt/lop3 unpack; int2_mma 0/1/2 orientations) at every GQA ratio and
+    # head_dim, with partial last pages and a request of one token
     hkv = 4 if g < 8 else 2
     int2, bf16 = [3001, 1, 777, 130], [320, 5, 0, 263]
     kv, seg = random_mixed_cache(int2, bf16, hkv, d, device=CUDA, seed=seed)
     q = torch.randn(len(int2), hkv * g, d, device=CUDA)
-    out = int2_decode_attention(q, kv, seg, block_n=block_n, tokens_m=tokens_m)
-    assert_close_verbose(out, decode_attention_reference(q, kv, seg), 3e-3, 1e-2, what=f"g={g} d={d} {block_n}")
+    out = int2_decode_attention(q, kv, seg, block_n=block_n, int2_mma=mma)
+    assert_close_verbose(out, decode_attention_reference(q, kv, seg), 3e-3, 1e-2, what=f"g={g} d={d} {block_n} {mma}")
 
 
 def test_decode_split_invariance_cuda(seed):
