@@ -44,9 +44,10 @@ def serve_cpu_default(apps: dict[str, dict[str, Any]], port: int = 8000, num_cpu
 
     from oscar_ray.deployments.builder import build_app
 
-    # address="local": always a fresh cluster of our own; a bare ray.init() attaches to any Ray
-    # already running on the machine (another user's), where num_cpus is refused and our
-    # teardown would shut their apps down. 256 MiB object store: only small dicts cross it.
+    # address="local": always a fresh cluster of our own. A bare ray.init() joins the cluster in
+    # RAY_ADDRESS or /tmp/ray/ray_current_cluster (one started by `ray start` on this machine),
+    # where num_cpus is refused and our serve.shutdown() would remove that cluster's apps; a
+    # cluster another ray.init() started is not joined. 256 MiB object store: only small dicts cross it.
     ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
              object_store_memory=256 * 2**20)
     try:
