@@ -10,36 +10,46 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator, model_validator
 
 from oscar_ray.engines.base import InvalidRequest, SamplingParams
 
 DEFAULT_MAX_TOKENS = 256
+
+# Strict numbers: lax pydantic turns JSON `true` into 1 (found by the fuzz, load_tests/faults);
+# OpenAI refuses booleans for numeric fields. A strict float still takes a JSON integer (`"temperature": 1`).
+Int = Annotated[int, Strict()]
+Float = Annotated[float, Strict()]
 
 
 class _Request(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     model: str
-    stream: bool = False
+    stream: bool | None = False  # OpenAI's SDKs may send null for "not streaming"
     stream_options: StreamOptions | None = None
-    max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None  # vLLM/sglang extension
+    max_tokens: Int | None = None
+    temperature: Float | None = None
+    top_p: Float | None = None
+    top_k: Int | None = None  # vLLM/sglang extension
     stop: str | list[str] | None = None
-    seed: int | None = None
-    n: int = 1
+    seed: Int | None = None
+    n: Int | None = 1
     ignore_eos: bool = False  # vLLM extension; the benchmarks use it for fixed output lengths
 
     @field_validator("n")
     @classmethod
-    def _one(cls, v: int) -> int:
-        if v != 1:
+    def _one(cls, v: int | None) -> int:
+        if v not in (None, 1):
             raise ValueError("only n=1 is supported")
-        return v
+        return 1
+
+    @field_validator("stream")
+    @classmethod
+    def _stream(cls, v: bool | None) -> bool:
+        return bool(v)
 
     def _sampling(self, max_tokens: int | None) -> SamplingParams:
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
@@ -64,6 +74,13 @@ class ChatMessage(BaseModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[dict[str, Any]] | None = None
 
+    @model_validator(mode="after")
+    def _content(self):
+        # only an assistant turn may omit content (OpenAI: when it carried tool calls)
+        if self.content is None and self.role != "assistant":
+            raise ValueError(f"a {self.role} message needs 'content'")
+        return self
+
     def text(self) -> str:
         if isinstance(self.content, list):  # content parts: only text parts are supported
             parts = []
@@ -78,7 +95,7 @@ class ChatMessage(BaseModel):
 
 class ChatCompletionRequest(_Request):
     messages: list[ChatMessage] = Field(..., min_length=1)
-    max_completion_tokens: int | None = None
+    max_completion_tokens: Int | None = None
 
     def sampling(self) -> SamplingParams:
         # max_completion_tokens is the newer name; it wins when both are given, as in OpenAI's API.
