@@ -73,7 +73,7 @@ def _join4_t(c0, c1, c2, c3):
 
 @triton.jit
 def _int2_step_staged(qt, qsum, kc_ptr, ks_ptr, vc_ptr, vs_ptr, cbase, sbase, nmask, m, l, ot,
-                      QD: tl.constexpr, PRECISION: tl.constexpr):
+                      QD: tl.constexpr, PRECISION: tl.constexpr, MASKED: tl.constexpr):
     """One tile, both products with tokens / dims on the M side: S^T = C_K·q^T [N, R], O^T += C_V^T·P^T [d, R].
 
     At BLOCK_N 128 and 4 warps Triton 3.6 emits wgmma (m64n16k16) for both, B = q^T / P^T from shared
@@ -93,7 +93,9 @@ def _int2_step_staged(qt, qsum, kc_ptr, ks_ptr, vc_ptr, vs_ptr, cbase, sbase, nm
     if OFFSET:
         kz = kz + CODE_OFFSET
     qc = _mm(tl.trans(_join4_t(k0, k1, k2, k3)), qt, None, PRECISION)  # [N, R]
-    qk = tl.where(nmask[:, None], ks[:, None] * (qc - kz[:, None] * qsum[None, :]), float("-inf"))
+    qk = ks[:, None] * (qc - kz[:, None] * qsum[None, :])
+    if MASKED:
+        qk = tl.where(nmask[:, None], qk, float("-inf"))
     m_new = tl.maximum(m, tl.max(qk, 0))
     m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = tl.exp2(m - m_ref)
@@ -137,13 +139,22 @@ def _int2_partial_staged(q_ptr, k_ptr, ks_ptr, v_ptr, vs_ptr, table_ptr, lens_pt
     l = tl.zeros([BLOCK_H], tl.float32)
     ot = tl.zeros([D, BLOCK_H], tl.float32)
     table = table_ptr + b.to(tl.int64) * s_table
-    for n0 in range(start, end, BLOCK_N):
+    # whole tiles without masks (no select on the scores, unmasked loads), then one masked tail tile
+    full_end = start + tl.maximum(end - start, 0) // BLOCK_N * BLOCK_N
+    for n0 in range(start, full_end, BLOCK_N):
         offs = n0 + tl.arange(0, BLOCK_N)
         nmask = offs < end
         base = _page_bases(table, offs, nmask, PAGE, s_page, s_tok, kh * s_head)
         sbase = _page_bases(table, offs, nmask, PAGE, ss_page, ss_tok, kh * ss_head)
         m, l, ot = _int2_step_staged(qt, qsum, k_ptr, ks_ptr, v_ptr, vs_ptr, base, sbase, nmask, m, l, ot,
-                                     QD, PRECISION)
+                                     QD, PRECISION, False)
+    if full_end < end:
+        offs = full_end + tl.arange(0, BLOCK_N)
+        nmask = offs < end
+        base = _page_bases(table, offs, nmask, PAGE, s_page, s_tok, kh * s_head)
+        sbase = _page_bases(table, offs, nmask, PAGE, ss_page, ss_tok, kh * ss_head)
+        m, l, ot = _int2_step_staged(qt, qsum, k_ptr, ks_ptr, v_ptr, vs_ptr, base, sbase, nmask, m, l, ot,
+                                     QD, PRECISION, True)
     row = (b * n_q_heads + heads).to(tl.int64) * total_splits + split  # [R]
     inv_l = tl.where(l > 0, 1.0 / tl.where(l > 0, l, 1.0), 0.0)
     tl.store(mid_o_ptr + row[None, :] * D + dp[:, None], ot * inv_l[None, :], mask=hmask[None, :])
