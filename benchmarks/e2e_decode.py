@@ -13,7 +13,8 @@ is filled with random post-RoPE K/V (std 1, like q/k-normed keys) written by the
 kernels (`KVStore.write`: INT2 quantise-and-pack for history slots, BF16 for sink/ring slots).
 Every decode step then runs the whole engine step: schedule, extend + demote, page tables, the
 full 36-layer forward with the split-K decode kernel, logits; the next token is the argmax.
-Step time = wall clock of `core.step()` plus the argmax read-back (a host sync), median of repeats.
+Step time = wall clock of `core.step()` plus the argmax read-back (a host sync), median of repeats;
+gpu_ms = the kernels' device time per step (torch.profiler), to tell host-bound from GPU-bound.
 No CUDA graphs: the engine plans each step in Python and transformers' forward is eager.
 
 Capacity: with a fixed KV budget (default 40 GiB, both pools), sequences of `--ctx-cap` tokens are
@@ -34,6 +35,8 @@ import time
 from collections import Counter
 
 import torch
+
+from benchmarks._kernel_time import kernel_time
 
 GIB = 2**30
 
@@ -142,7 +145,8 @@ def run_mode(model, kv_cache: str, args, rotations: str | None) -> dict:
         seq = admit(core, ctx, gen, f"lat{ctx}")
         decode(core, args.warmup)
         t = decode(core, args.steps)
-        out["latency"].append({"context": ctx, "batch": 1, **summary(t)})
+        out["latency"].append({"context": ctx, "batch": 1, **summary(t),
+                               **kernel_time(lambda: decode(core, 1), 3, 12 if ctx == max(args.contexts) else 0)})
         core.scheduler.drop(seq)
         print(f"[{kv_cache}] ctx {ctx} bs 1: {out['latency'][-1]['median_ms']:.2f} ms/step", flush=True)
     # capacity at ctx_cap: admit while one more fits, counting every admitted sequence's growth
@@ -165,12 +169,13 @@ def run_mode(model, kv_cache: str, args, rotations: str | None) -> dict:
     pre = core.scheduler.n_preemptions
     decode(core, args.warmup)
     t = decode(core, args.cap_steps)
+    kt = kernel_time(lambda: decode(core, 1), 2, 12)
     lens = sorted({s.n_written for s in seqs})
     out["capacity"] = {"context": args.ctx_cap, "admitted": len(seqs), "limited_by_max_seqs": len(seqs) == args.max_seqs,
                        "another_fits": next_fits, "preemptions": core.scheduler.n_preemptions - pre,
                        "running_at_end": len(core.scheduler.running), "context_at_end": lens,
                        "free_pages_after_admission": free, "fill_s": t_fill, **summary(t),
-                       "tokens_per_s": len(seqs) / (statistics.median(t))}
+                       "tokens_per_s": len(seqs) / (statistics.median(t)), **kt}
     print(f"[{kv_cache}] capacity at {args.ctx_cap}: {len(seqs)} sequences, "
           f"{out['capacity']['median_ms']:.2f} ms/step", flush=True)
     for s in seqs:

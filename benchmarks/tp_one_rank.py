@@ -28,6 +28,7 @@ import time
 
 import torch
 
+from benchmarks._kernel_time import kernel_time
 from oscar_ray.engines.tp import AttentionShape, AttentionWeights, TPAttentionStack, rms_norm, rope
 
 MODELS = {  # name: (global shape, layers, tp)
@@ -156,6 +157,7 @@ def run_point(name, shape, weights, tp, batch, ctx, device, args):
         row["oscar_cache_gib"] = stack.store.nbytes() / 2**30
         row["oscar_eager"] = timed(lambda: stack.forward(x, step), device, False, 5)  # also compiles, before capture
         row["oscar_graph"] = timed(lambda: stack.forward(x, step), device, True, args.reps)
+        row["oscar_kernels"] = kernel_time(lambda: stack.forward(x, step), 2, 10 if (batch, ctx) in args.top else 0)
         del stack, step
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -163,6 +165,7 @@ def run_point(name, shape, weights, tp, batch, ctx, device, args):
         row["bf16_cache_gib"] = base.nbytes() / 2**30
         row["bf16_eager"] = timed(lambda: base.forward(x), device, False, 5)
         row["bf16_graph"] = timed(lambda: base.forward(x), device, True, args.reps)
+        row["bf16_kernels"] = kernel_time(lambda: base.forward(x), 2, 10 if (batch, ctx) in args.top else 0)
         row["sdpa_backend"] = base.backend
         del base
         if device.type == "cuda":
@@ -180,6 +183,7 @@ def main():
     ap.add_argument("--contexts", type=int, nargs="+", default=[32768, 65536, 131072])
     ap.add_argument("--reps", type=int, default=30)
     args = ap.parse_args()
+    args.top = {(1, 32768), (8, 131072)}  # points whose top kernels are recorded
     device = torch.device("cpu" if args.smoke else "cuda")
     rows = []
     for name in args.models:

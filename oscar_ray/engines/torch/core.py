@@ -83,7 +83,8 @@ class EngineCore:
         oscar = cfg.kv_cache == "oscar"
         if oscar:
             rs = engine_rotations(model, tokenizer, cfg.rotations, c.k_clip_ratio, c.v_clip_ratio)
-            absorb_value_rotation(model, rs.v_rotation)
+            # a model passed in may already sit on the GPU; rotations load on the CPU
+            absorb_value_rotation(model, rs.v_rotation.to(next(model.parameters()).device))
             self.rotations = rs
             self.k_rotation = rs.k_rotation.to(self.device, torch.float32)
             k_clip, v_clip = rs.k_clip, rs.v_clip
