@@ -108,8 +108,7 @@ def bench_decode(batch: int, ctx: int, args, device: str) -> list[str] | None:
                                  type(seg)(*[t.clone() for t in _tensors(seg)])) for _ in range(copies - 1)]
         return [lambda c=c: int2_decode_attention(q, c[0], c[1], num_splits=splits, block_n=block_n,
                                                   num_warps=args.num_warps, num_stages=args.num_stages,
-                                                  precision=args.precision, max_registers=args.max_registers,
-                                                  int2_mma=args.int2_mma)
+                                                  precision=args.precision, max_registers=args.max_registers)
                 for c in caches]
 
     t_ours = time_calls(ours, ours_bytes, args)
@@ -236,10 +235,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--extend-precision", default="bf16", choices=["ieee", "tf32", "bf16", "fp16"])
     p.add_argument("--num-splits", type=int, default=None, help="INT2 splits (default: default_num_splits)")
     p.add_argument("--block-n", type=int, default=None, help="INT2 tile (default: default_block_n)")
-    p.add_argument("--int2-mma", type=int, default=None, choices=[0, 1, 2], help="int2_decode_attention's int2_mma")
     p.add_argument("--num-warps", type=int, default=4)
     p.add_argument("--num-stages", type=int, default=3)
-    p.add_argument("--max-registers", type=int, default=None, help="ptxas maxnreg for the INT2 stage-1 kernel")
+    p.add_argument("--max-registers", type=int, default=None,
+                   help="ptxas maxnreg for the INT2 stage-1 kernel (0: ptxas; default: the launcher's)")
     p.add_argument("--peak-gbs", type=float, default=4600.0, help="HBM bandwidth for the %% column (H200)")
     args = p.parse_args(argv)
     args.scale_dtype = getattr(torch, args.scale_dtype)
@@ -269,14 +268,14 @@ def main(argv: list[str] | None = None) -> int:
         f" python {sys.version.split()[0]}",
         f"- geometry: {HQ} q heads, {HKV} KV heads, d {D}, page {PAGE}; BF16 sink {SINK} + recent {RECENT} tokens,"
         f" INT2 rest; scales {str(args.scale_dtype).split('.')[-1]}; decode precision {args.precision},"
-        f" block_n {args.block_n or 'default_block_n'}, int2_mma {'default' if args.int2_mma is None else args.int2_mma}, warps {args.num_warps},"
+        f" block_n {args.block_n or 'default_block_n'}, warps {args.num_warps},"
         f" stages {args.num_stages},"
-        f" maxnreg {args.max_registers or 'ptxas default'}",
+        f" maxnreg {'launcher default' if args.max_registers is None else args.max_registers or 'ptxas'}",
         f"- {how}; µs per call = median (p20–p80); GB/s on bytes read (INT2 codes + scales + BF16 tokens"
         f" + q/o; SDPA: BF16 K/V + q/o); % of {args.peak_gbs / 1000:.1f} TB/s; speedup = SDPA µs / ours µs", "",
         "## Decode (one query per request, one layer)", "",
-        *_table(["batch", "context", "ours µs", "ours GB/s", "% peak", "splits / block_n", "SDPA µs (backend)", "SDPA GB/s",
-                 "speedup"], decode), "",
+        *_table(["batch", "context", "ours µs", "ours GB/s", "% peak", "splits / block_n", "SDPA µs (backend)",
+                 "SDPA GB/s", "speedup"], decode), "",
         "## Writes per decode step (one token per request, K + V, one layer)", "",
         "bf16_write = rotate + store into the BF16 ring (the decode path); int2_write = fused rotate + clip +"
         f" quantise + pack (K clip 0.96, V none); demote = one {PAGE}-token page per request, every {PAGE} steps.", "",

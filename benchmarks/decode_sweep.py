@@ -2,9 +2,9 @@
 
     python benchmarks/decode_sweep.py --shapes 8x131072 1x16384 --configs 64:4:2 128:4:3:18 --out /tmp/sweep.md
 
-A config is block_n:num_warps:num_stages[:num_splits[:maxnreg[:int2_mma]]] (splits 0 or absent:
-default_num_splits for that block_n; maxnreg 0 or absent: ptxas chooses; int2_mma 0/1/2 as
-int2_decode_attention's, absent: its default).  --emit-best writes the
+A config is block_n:num_warps:num_stages[:num_splits[:maxnreg]] (splits 0 or absent:
+default_num_splits for that block_n; maxnreg 0: ptxas chooses, absent: the launcher's default).
+--emit-best writes the
 fastest default-split config of the first shape as benchmarks/decode_attention.py flags.  Timing as benchmarks/decode_attention.py (CUDA graphs over cold-L2 copies, median µs).
 """
 
@@ -39,14 +39,12 @@ def sweep_shape(batch: int, ctx: int, configs: list[tuple[int, ...]], args) -> l
     for cfg in configs:
         bn, w, st = cfg[:3]
         splits = (cfg[3] if len(cfg) > 3 else 0) or default_num_splits(batch, HKV, n2, block_n=bn)
-        nreg = (cfg[4] if len(cfg) > 4 else 0) or None
-        tm = cfg[5] if len(cfg) > 5 else None
-        name = f"{bn}:{w}:{st}:{splits}:{nreg or 0}:{'default' if tm is None else tm}"
+        nreg = cfg[4] if len(cfg) > 4 else None
+        name = f"{bn}:{w}:{st}:{splits}:{'default' if nreg is None else nreg}"
 
-        def make(n, bn=bn, w=w, st=st, splits=splits, nreg=nreg, tm=tm):
+        def make(n, bn=bn, w=w, st=st, splits=splits, nreg=nreg):
             return [lambda c=c: int2_decode_attention(q, c[0], c[1], num_splits=splits, block_n=bn, num_warps=w,
-                                                      num_stages=st, precision=args.precision, max_registers=nreg,
-                                                      int2_mma=tm)
+                                                      num_stages=st, precision=args.precision, max_registers=nreg)
                     for c in copies[:n]]
         try:
             t = time_calls(make, nbytes, args)
@@ -87,14 +85,14 @@ def main(argv: list[str] | None = None) -> int:
     configs = [tuple(int(x) for x in c.split(":")) for c in args.configs]
     torch.manual_seed(0)
     lines = [f"sweep on {torch.cuda.get_device_name()}, scales {args.scale_dtype}, precision {args.precision}", "",
-             "| batch | context | block_n:warps:stages:splits:maxnreg:int2_mma | µs | GB/s | SDPA µs | speedup |", "|---|---|---|---|---|---|---|"]
+             "| batch | context | block_n:warps:stages:splits:maxnreg | µs | GB/s | SDPA µs | speedup |", "|---|---|---|---|---|---|---|"]
     for i, shape in enumerate(args.shapes):
         b, c = (int(x) for x in shape.split("x"))
         table, best = sweep_shape(b, c, configs, args)
         lines += ["| " + " | ".join(r) + " |" for r in table]
         if i == 0 and args.emit_best and best:
             flags = f"--block-n {best[0]} --num-warps {best[1]} --num-stages {best[2]}"
-            if len(best) > 4 and best[4]:
+            if len(best) > 4:
                 flags += f" --max-registers {best[4]}"
             with open(args.emit_best, "w") as f:
                 f.write(flags + "\n")

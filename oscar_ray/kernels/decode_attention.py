@@ -23,7 +23,6 @@ import triton
 import triton.language as tl
 
 from ._attn_tiles import _int2_step, _load_q4, _page_bases, _rows_step, _store4
-from ._decode_tiles import _int2_partial_staged, _int2_step_t
 from ._validate import (FLOAT_ROWS, check_positive, check_pow2, check_precision, check_rotation, check_tensor,
                         nonempty_table)
 from .layout import PagedKV, Segments
@@ -39,7 +38,7 @@ def _tier_partial(q_ptr, k_ptr, ks_ptr, v_ptr, vs_ptr, table_ptr, lens_ptr, mid_
                   n_q_heads, b, kh, split, row_split, total_splits,
                   GQA: tl.constexpr, PAGE: tl.constexpr, D: tl.constexpr, GS: tl.constexpr,
                   INT2: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_H: tl.constexpr,
-                  BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, TOKENS_M: tl.constexpr):
+                  BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
     """Split `split` of one tier of request b, KV head kh → partial row `row_split` of mid_o / mid_lse."""
     QD: tl.constexpr = D // 4
     seq_len = tl.load(lens_ptr + b)
@@ -59,21 +58,14 @@ def _tier_partial(q_ptr, k_ptr, ks_ptr, v_ptr, vs_ptr, table_ptr, lens_ptr, mid_
     a2 = tl.zeros([BLOCK_H, QD], tl.float32)
     a3 = tl.zeros([BLOCK_H, QD], tl.float32)
     table = table_ptr + b.to(tl.int64) * s_table
-    # TOKENS_M (launcher: one (s, z) group per row, 16-bit operands): tokens as the MMA's M side
-    if INT2 and TOKENS_M:
-        qt0, qt1, qt2, qt3 = tl.trans(q0), tl.trans(q1), tl.trans(q2), tl.trans(q3)
     for n0 in range(start, end, BLOCK_N):
         offs = n0 + tl.arange(0, BLOCK_N)
         nmask = offs < end
         base = _page_bases(table, offs, nmask, PAGE, s_page, s_tok, kh * s_head)
         if INT2:
             sbase = _page_bases(table, offs, nmask, PAGE, ss_page, ss_tok, kh * ss_head)
-            if TOKENS_M:
-                m, l, a0, a1, a2, a3 = _int2_step_t(qt0, qt1, qt2, qt3, qsum, k_ptr, ks_ptr, v_ptr, vs_ptr, base,
-                                                    sbase, nmask, m, l, a0, a1, a2, a3, QD, PRECISION)
-            else:
-                m, l, a0, a1, a2, a3 = _int2_step(q0, q1, q2, q3, qsum, k_ptr, ks_ptr, v_ptr, vs_ptr, base, sbase,
-                                                  nmask, m, l, a0, a1, a2, a3, QD, GS, PRECISION)
+            m, l, a0, a1, a2, a3 = _int2_step(q0, q1, q2, q3, qsum, k_ptr, ks_ptr, v_ptr, vs_ptr, base, sbase,
+                                              nmask, m, l, a0, a1, a2, a3, QD, GS, PRECISION)
         else:
             m, l, a0, a1, a2, a3 = _rows_step(q0, q1, q2, q3, k_ptr, v_ptr, base, nmask, nmask[None, :],
                                               m, l, a0, a1, a2, a3, QD, PRECISION)
@@ -91,8 +83,7 @@ def _decode_stage1_kernel(q_ptr, kc_ptr, ks_ptr, vc_ptr, vs_ptr, t2_ptr, l2_ptr,
                           sbp, sbt, sbh, st16, n_q_heads,
                           GQA: tl.constexpr, PAGE2: tl.constexpr, PAGE16: tl.constexpr, D: tl.constexpr,
                           GS: tl.constexpr, SPLITS2: tl.constexpr, SPLITS16: tl.constexpr, BLOCK_H: tl.constexpr,
-                          BLOCK_N2: tl.constexpr, BLOCK_N16: tl.constexpr, PRECISION: tl.constexpr,
-                          MMA: tl.constexpr):
+                          BLOCK_N2: tl.constexpr, BLOCK_N16: tl.constexpr, PRECISION: tl.constexpr):
     # both tiers in one launch (splits [0, SPLITS2) INT2, the rest BF16): one kernel launch fewer per
     # layer and step, ~4 µs of a 25 µs bs-1 16K step on the H200
     b = tl.program_id(0)
@@ -100,18 +91,13 @@ def _decode_stage1_kernel(q_ptr, kc_ptr, ks_ptr, vc_ptr, vs_ptr, t2_ptr, l2_ptr,
     split = tl.program_id(2)
     total = SPLITS2 + SPLITS16
     if split < SPLITS2:
-        if MMA == 2:
-            _int2_partial_staged(q_ptr, kc_ptr, ks_ptr, vc_ptr, vs_ptr, t2_ptr, l2_ptr, mid_o_ptr, mid_lse_ptr,
-                                 qk_scale, sqb, sqh, scp, sct, sch, ssp, sst, ssh, st2, n_q_heads, b, kh, split,
-                                 total, GQA, PAGE2, D, SPLITS2, BLOCK_H, BLOCK_N2, PRECISION)
-        else:
-            _tier_partial(q_ptr, kc_ptr, ks_ptr, vc_ptr, vs_ptr, t2_ptr, l2_ptr, mid_o_ptr, mid_lse_ptr, qk_scale,
-                          sqb, sqh, scp, sct, sch, ssp, sst, ssh, st2, n_q_heads, b, kh, split, split, total,
-                          GQA, PAGE2, D, GS, True, SPLITS2, BLOCK_H, BLOCK_N2, PRECISION, MMA == 1)
+        _tier_partial(q_ptr, kc_ptr, ks_ptr, vc_ptr, vs_ptr, t2_ptr, l2_ptr, mid_o_ptr, mid_lse_ptr, qk_scale, sqb, sqh,
+                      scp, sct, sch, ssp, sst, ssh, st2, n_q_heads, b, kh, split, split, total,
+                      GQA, PAGE2, D, GS, True, SPLITS2, BLOCK_H, BLOCK_N2, PRECISION)
     else:
         _tier_partial(q_ptr, kb_ptr, kb_ptr, vb_ptr, vb_ptr, t16_ptr, l16_ptr, mid_o_ptr, mid_lse_ptr, qk_scale, sqb,
                       sqh, sbp, sbt, sbh, 0, 0, 0, st16, n_q_heads, b, kh, split - SPLITS2, split, total,
-                      GQA, PAGE16, D, GS, False, SPLITS16, BLOCK_H, BLOCK_N16, PRECISION, False)
+                      GQA, PAGE16, D, GS, False, SPLITS16, BLOCK_H, BLOCK_N16, PRECISION)
 
 
 @triton.jit
@@ -150,9 +136,9 @@ def default_num_splits(batch: int, n_kv_heads: int, max_len: int | None = None, 
 
 
 def default_block_n(batch: int, n_kv_heads: int, max_len: int | None, num_sms: int = H200_SMS) -> int:
-    """INT2 tile length for the one-group layout: 64 when even 4-tile splits of 128 leave the H200 short of
-    work (fewer than 4 programs per SM), else 128.  H200 sweep (decode_h200.md): bs 1 × 16K ran 19.7 µs
-    at 64 (63 splits) vs 22.1 µs at 128 (32 splits); bs 1 × 128K and bs 8 ran faster at 128."""
+    """INT2 tile length for the one-group layout: 64 when even 4-tile splits of 128 tokens leave the GPU
+    short of work (fewer than 4 programs per SM), else 128.  H200 sweep (decode_h200.md): bs 1 × 16K ran
+    19.5 µs at 64 (63 splits) vs 22.4 µs at 128 (32 splits); bs 1 × 128K and bs ≥ 8 ran faster at 128."""
     if max_len is None:
         return 128
     return 64 if batch * n_kv_heads * math.ceil(max_len / (4 * 128)) < 4 * num_sms else 128
@@ -168,8 +154,7 @@ def int2_decode_attention(q: torch.Tensor, kv: PagedKV, seg: Segments, *, k_rota
                           num_splits: int | None = None, bf16_splits: int | None = None,
                           max_int2_len: int | None = None, block_n: int | None = None, bf16_block_n: int = 64,
                           num_warps: int = 4, num_stages: int | None = None, precision: str = "bf16",
-                          num_sms: int = H200_SMS, max_registers: int | None = None,
-                          int2_mma: int | None = None) -> torch.Tensor:
+                          num_sms: int = H200_SMS, max_registers: int | None = None) -> torch.Tensor:
     """One decode query per request over its INT2 + BF16 tokens → o [B, Hq, d] float32.
 
     q [B, Hq, d] is in the rotated K basis unless k_rotation (fp32 [d, d] or [H_kv, d, d]) is given,
@@ -181,15 +166,13 @@ def int2_decode_attention(q: torch.Tensor, kv: PagedKV, seg: Segments, *, k_rota
     range, 1.7× the shared memory and 1.2× the registers at sm_90); "ieee": fp32 FMA, for checks.
     No host sync: pass num_splits (or max_int2_len) to tune; the grid does not depend on lengths.
     block_n / num_stages None: 128 / 3 for the default layout (one (s, z) group per row) at bf16 or
-    fp16, the fastest on the H200 sweep (block_n 64 for short work, default_block_n, when
-    max_int2_len is given); 64 / 2 otherwise, since per-element dequantisation of several
+    fp16, the fastest on the H200 sweep (block_n 64 when max_int2_len says the work is short, see
+    default_block_n); 64 / 2 otherwise, since per-element dequantisation of several
     groups, or fp32 operands, at 128 / 3 needs 279-353 KB of shared memory (the H200 has 227 KB).
     max_registers caps the INT2 stage-1 kernel's registers a thread (ptxas maxnreg), trading spills
-    for resident programs; None lets ptxas choose.
-    int2_mma: how the INT2 tier meets the tensor cores (_decode_tiles.py), for the one-group layout at
-    bf16 / fp16 only (else 0): 0 q as the A operand, S = q·C^T; 1 tokens as M, S^T = C·q^T with the
-    codes as register A operand; 2 (default there) both products with M = tokens / dims and the codes
-    staged in shared memory.
+    for resident programs; 0 lets ptxas choose; None: 128 on CUDA for that layout at block_n 128
+    (4 resident programs of 4 warps per SM instead of 3 at ptxas's 150, no spills; H200 sweep:
+    bs 32 × 128K 3195 -> 2722 µs, bs 8 × 128K 736 -> 720, bs 1 × 16K 22.1 -> 22.5), else ptxas.
     Example: o = int2_decode_attention(q, PagedKV(...), Segments(...), k_rotation=R_K, v_rotation=R_V)
     """
     geo = kv.geometry()
@@ -200,18 +183,20 @@ def int2_decode_attention(q: torch.Tensor, kv: PagedKV, seg: Segments, *, k_rota
         raise ValueError(f"q has {hq} heads, not a multiple of the cache's {hkv} KV heads")
     precision = check_precision(precision)
     fast = geo.group_size == d and precision in ("bf16", "bf16_interp", "fp16")
-    block_n = block_n if block_n is not None else (default_block_n(b, hkv, max_int2_len, num_sms) if fast else 64)
-    if int2_mma not in (None, 0, 1, 2):
-        raise ValueError(f"int2_mma must be 0, 1 or 2, got {int2_mma!r}")
-    int2_mma = (2 if int2_mma is None else int2_mma) if fast else 0
+    if block_n is None:
+        block_n = default_block_n(b, hkv, max_int2_len, num_sms) if fast else 64
     num_stages = num_stages if num_stages is not None else (3 if fast else 2)
     for name, value in (("block_n", block_n), ("bf16_block_n", bf16_block_n)):
         check_pow2(name, value, minimum=16)
     check_rotation("k_rotation", k_rotation, d, hkv, kv.device)
     check_rotation("v_rotation", v_rotation, d, hkv, kv.device)
-    for name, value in (("num_splits", num_splits), ("bf16_splits", bf16_splits), ("max_registers", max_registers)):
+    for name, value in (("num_splits", num_splits), ("bf16_splits", bf16_splits)):
         if value is not None:
             check_positive(name, value)
+    if max_registers is None:
+        max_registers = 128 if fast and block_n == 128 and q.is_cuda else 0
+    elif max_registers != 0:
+        check_positive("max_registers", max_registers)
     g = hq // hkv
     s2 = num_splits or default_num_splits(b, hkv, max_int2_len, num_sms, block_n)
     s16 = bf16_splits or default_bf16_splits(b, hkv, num_sms)
@@ -232,8 +217,7 @@ def int2_decode_attention(q: torch.Tensor, kv: PagedKV, seg: Segments, *, k_rota
         *kv.k_scales.stride()[:3], t2.stride(0), *kv.k_bf16.stride()[:3], t16.stride(0), hq,
         GQA=g, PAGE2=geo.int2_page_size, PAGE16=geo.bf16_page_size, D=d, GS=geo.group_size, SPLITS2=s2,
         SPLITS16=s16, BLOCK_H=block_h, BLOCK_N2=block_n, BLOCK_N16=bf16_block_n, PRECISION=precision,
-        MMA=int2_mma,
-        num_warps=num_warps, num_stages=num_stages, **({} if max_registers is None else {"maxnreg": max_registers}))
+        num_warps=num_warps, num_stages=num_stages, **({"maxnreg": max_registers} if max_registers else {}))
     _decode_merge_kernel[(b, hq)](mid_o, mid_lse, out, out.stride(0), out.stride(1), hq, total,
                                   D=d, BLOCK_S=triton.next_power_of_2(total), num_warps=4)
     return out if v_rotation is None else rotate_heads(out, v_rotation, transpose=True)

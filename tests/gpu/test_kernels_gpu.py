@@ -99,17 +99,17 @@ def test_decode_matches_reference_cuda(seed, precision, atol, rtol, group_size):
     assert_close_verbose(out, decode_attention_reference(q, kv, seg), atol, rtol, what=precision)
 
 
-@pytest.mark.parametrize("g, d, block_n, mma", [(g, d, 128, 2) for g in (1, 3, 4, 8, 12) for d in (64, 128)]
-                         + [(4, 128, bn, mma) for bn in (64, 128) for mma in (0, 1)] + [(4, 128, 64, 2), (12, 64, 64, 2)])
-def test_decode_fast_layout_gqa_cuda(seed, g, d, block_n, mma):
-    # the one-group bf16 path (prmt/lop3 unpack; int2_mma 0/1/2 orientations) at every GQA ratio and
-    # head_dim, with partial last pages and a request of one token
+@pytest.mark.parametrize("g, d, block_n, nreg", [(g, d, 128, None) for g in (1, 3, 4, 8, 12) for d in (64, 128)]
+                         + [(4, 128, 128, 0), (4, 128, 64, None), (12, 64, 64, None)])
+def test_decode_fast_layout_gqa_cuda(seed, g, d, block_n, nreg):
+    # the one-group bf16 path (prmt/lop3 unpack; maxnreg 128 by default at block_n 128, 0 = ptxas) at
+    # every GQA ratio and head_dim, with partial last pages and a request of one token
     hkv = 4 if g < 8 else 2
     int2, bf16 = [3001, 1, 777, 130], [320, 5, 0, 263]
     kv, seg = random_mixed_cache(int2, bf16, hkv, d, device=CUDA, seed=seed)
     q = torch.randn(len(int2), hkv * g, d, device=CUDA)
-    out = int2_decode_attention(q, kv, seg, block_n=block_n, int2_mma=mma)
-    assert_close_verbose(out, decode_attention_reference(q, kv, seg), 3e-3, 1e-2, what=f"g={g} d={d} {block_n} {mma}")
+    out = int2_decode_attention(q, kv, seg, block_n=block_n, max_registers=nreg)
+    assert_close_verbose(out, decode_attention_reference(q, kv, seg), 3e-3, 1e-2, what=f"g={g} d={d} {block_n}")
 
 
 def test_decode_split_invariance_cuda(seed):
