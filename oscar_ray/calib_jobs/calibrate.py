@@ -23,17 +23,8 @@ from typing import Callable
 from ..config import CalibrationConfig
 from ..models.loader import attention_geometry, load_config, load_tokenizer
 from ..quant import RotationSet, fit_rotation
-from .fit import ClipFitStats, PassOneStats, PassTwoStats, to_rotation_set
+from .fit import ClipFitStats, PassOneStats, PassTwoStats, merge_layer_stats, to_rotation_set
 from .sources import shard, token_chunks
-
-
-def _merge_dicts(parts: list[dict]) -> dict:
-    """Per-layer accumulators of every worker, merged in worker order (deterministic bits)."""
-    out: dict = {}
-    for part in parts:
-        for layer, acc in part.items():
-            out[layer] = acc if layer not in out else out[layer].merge(acc)
-    return out
 
 
 def _fit_one(c_q, c_s, composition: str):
@@ -193,13 +184,13 @@ def calibrate(cfg: CalibrationConfig, log: Callable[[str], None] = print, local:
     try:
         exact = cfg.value_target == "softmax"
         parts = _run_pass(pool, "pass1", plan.fit_chunks, lambda: PassOneStats(g, exact_value_target=exact), log, speeds)
-        c_q = _merge_dicts([p.c_q for p in parts])
+        c_q = merge_layer_stats([p.c_q for p in parts])
         c_q_heads = {l: m.per_head() for l, m in c_q.items()}
         if exact:
-            c_s = _merge_dicts([p.c_s_softmax for p in parts])
+            c_s = merge_layer_stats([p.c_s_softmax for p in parts])
         else:
             parts2 = _run_pass(pool, "pass2", plan.fit_chunks, lambda: PassTwoStats(g, c_q_heads), log, speeds)
-            c_s = _merge_dicts([p.c_s_diag for p in parts2])
+            c_s = merge_layer_stats([p.c_s_diag for p in parts2])
         target = (lambda acc: acc.per_head()) if cfg.per_kv_head else (lambda acc: acc.layer())
         layers = sorted(c_q)
         fits = dict(zip(layers, pool.fit([(target(c_q[l]), target(c_s[l]), cfg.composition) for l in layers])))
@@ -208,7 +199,7 @@ def calibrate(cfg: CalibrationConfig, log: Callable[[str], None] = print, local:
         v_clip = {l: cfg.cache.v_clip_ratio for l in layers}
         if cfg.clip_mode == "fit":
             factory = lambda: ClipFitStats(fits, c_q_heads, cfg.cache.group_size, cfg.cache.scale_dtype)  # noqa: E731
-            merged = _merge_dicts([p.clip for p in _run_pass(pool, "pass3", plan.clip_chunks, factory, log, speeds)])
+            merged = merge_layer_stats([p.clip for p in _run_pass(pool, "pass3", plan.clip_chunks, factory, log, speeds)])
             picks = {l: merged[l].best() for l in layers}
             k_clip, v_clip = {l: p[0] for l, p in picks.items()}, {l: p[1] for l, p in picks.items()}
             log(f"clip fit: K {min(k_clip.values()):.2f}–{max(k_clip.values()):.2f}, "

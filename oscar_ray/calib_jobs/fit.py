@@ -49,6 +49,15 @@ class PassTwoStats:
         self.c_s_diag[layer].update(k, v)
 
 
+def merge_layer_stats(parts: list[dict]) -> dict:
+    """Per-layer accumulators of every worker, merged in worker order (deterministic bits)."""
+    out: dict = {}
+    for part in parts:
+        for layer, acc in part.items():
+            out[layer] = acc if layer not in out else out[layer].merge(acc)
+    return out
+
+
 def fit_layers(c_q: dict[int, QueryMoment], c_s: dict[int, object], composition: str = "r_h_pbr",
                per_kv_head: bool = False):
     """{layer: (R_K, R_V, λ_K, λ_V)}: one rotation per layer (the authors' grouping) or per KV head."""
