@@ -7,7 +7,8 @@ needle retrieval, every number read through the engine's own paged cache and sch
 
 Caches ("methods"): bf16 (every page BF16), oscar (quick calibration on Emma, R = U·H·P), quarot
 (rotations: hadamard) and naive (rotations: identity); the three INT2 ones share the INT2 format,
-clip ratios and the sink 64 / recent 256 windows.
+clip ratios (K 0.96 / V 0.92) and the sink 64 / recent 256 windows; quarot-noclip / naive-noclip
+are the same without clipping (the paper's baselines).
 
 Protocol (all methods): a prompt goes through the scheduler's chunked prefill (256-token chunks,
 as served: a chunk's own rows attend to each other at full precision, its prefix is read from the
@@ -40,7 +41,7 @@ from oscar_ray.engines.torch import TorchEngineConfig  # noqa: E402
 from oscar_ray.engines.torch.core import EngineCore  # noqa: E402
 from oscar_ray.engines.torch.scheduler import Seq  # noqa: E402
 
-ROT = {"oscar": None, "quarot": "hadamard", "naive": "identity"}
+ROT = {"oscar": None, "quarot": "hadamard", "naive": "identity", "quarot-noclip": "hadamard", "naive-noclip": "identity"}
 PAGE = 64
 
 
@@ -56,6 +57,8 @@ def run_info() -> dict:
 def make_core(method: str, n_seqs: int, max_len: int, sink: int = 64, recent: int = 256) -> EngineCore:
     pages = -(-max_len // PAGE) + 1
     cache = {"sink_tokens": sink, "recent_tokens": recent, "page_size": PAGE}
+    if method.endswith("-noclip"):  # the paper's baselines clip nothing (OSCAR_SPEC §7.1)
+        cache.update(k_clip_ratio=0.0, v_clip_ratio=0.0)
     if method == "bf16":
         pools = {"num_bf16_pages": n_seqs * pages}
     else:
@@ -177,6 +180,7 @@ def cmd_ppl(a) -> None:
                 nll = -sum(map(sum, lps)) / sum(map(len, lps))
                 out["cells"][key] = {"method": m, "context": ctx, "sink": sink, "ppl": math.exp(nll), "nll": nll,
                                      "window_nll": [-sum(x) / len(x) for x in lps], "n_tokens": sum(map(len, lps)),
+                                     "argmax": [r["argmax"][1:] for r in res],
                                      "wall_s": round(time.time() - t0, 1)}
                 save(a.out, out)
                 print(key, round(math.exp(nll), 3), out["cells"][key]["wall_s"], "s", flush=True)

@@ -10,7 +10,8 @@ import statistics
 import sys
 from pathlib import Path
 
-NAMES = {"bf16": "BF16 cache", "oscar": "OSCAR", "quarot": "QuaRot-INT2 (Hadamard)", "naive": "naive INT2 (no rotation)"}
+NAMES = {"bf16": "BF16 cache", "oscar": "OSCAR", "quarot": "QuaRot-INT2 (Hadamard) + clip", "naive": "naive INT2 (no rotation) + clip",
+         "quarot-noclip": "QuaRot-INT2 (Hadamard), no clip", "naive-noclip": "naive INT2, no clip"}
 
 
 def _load(root: Path, name: str) -> dict | None:
