@@ -115,7 +115,8 @@ def main() -> None:
     root = Path(sys.argv[1] if len(sys.argv) > 1 else "benchmarks/results")
     parts = []
     for name, fn in (("engine_agree_smollm2.json", agree), ("engine_ppl_smollm2.json", ppl),
-                     ("engine_needle_smollm2.json", needle), ("engine_needle_smollm2_long.json", needle)):
+                     ("engine_needle_smollm2.json", needle), ("engine_needle_smollm2_more.json", needle),
+                     ("engine_needle_smollm2_long.json", needle)):
         d = _load(root, name)
         if d:
             parts += fn(d) + [""]
