@@ -137,11 +137,12 @@ def default_num_splits(batch: int, n_kv_heads: int, max_len: int | None = None, 
 
 def default_block_n(batch: int, n_kv_heads: int, max_len: int | None, num_sms: int = H200_SMS) -> int:
     """INT2 tile length for the one-group layout: 64 when even 4-tile splits of 128 tokens leave the GPU
-    short of work (fewer than 4 programs per SM), else 128.  H200 sweep (decode_h200.md): bs 1 × 16K ran
-    19.5 µs at 64 (63 splits) vs 22.4 µs at 128 (32 splits); bs 1 × 128K and bs ≥ 8 ran faster at 128."""
+    short of work (fewer than 2 programs per SM), else 128.  H200 (decode_h200.md): bs 1 × 16K ran 19.8 µs
+    at 64 (63 splits) vs 22.0 at 128 (32 splits); bs 1 × 32K 35.4 µs at 64 (127 splits) vs 28.4 at 128,
+    so the bound sits between those two (256 and 512 programs); bs 1 × 128K and bs >= 8 run faster at 128."""
     if max_len is None:
         return 128
-    return 64 if batch * n_kv_heads * math.ceil(max_len / (4 * 128)) < 4 * num_sms else 128
+    return 64 if batch * n_kv_heads * math.ceil(max_len / (4 * 128)) < 2 * num_sms else 128
 
 
 def default_bf16_splits(batch: int, n_kv_heads: int, num_sms: int = H200_SMS) -> int:
