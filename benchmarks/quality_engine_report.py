@@ -84,11 +84,13 @@ def ppl(d: dict) -> list[str]:
     return out
 
 
-def needle(d: dict) -> list[str]:
+def needle(d: dict, title: str = "") -> list[str]:
     prompts = d["prompts"]
     ctxs = sorted({p["context"] for p in prompts})
     depths = sorted({p["depth"] for p in prompts})
-    out = ["## 3. Needle in a haystack", "", _run_line(d),
+    n = max(p["needle"] for p in prompts) + 1
+    out = [f"## 3{title}. Needle in a haystack: {', '.join(f'{c / 1024:g}K' for c in ctxs)}, {n} needle(s) per cell",
+           "", _run_line(d),
            f"- haystack `{d['book']}`; needle \"The secret code of the <colour> <thing> is <4 digits>.\" at a "
            "sentence end near the depth; question at the end of the user turn; greedy 16 tokens; hit = the 4 digits "
            "appear in the answer", ""]
@@ -115,8 +117,9 @@ def main() -> None:
     root = Path(sys.argv[1] if len(sys.argv) > 1 else "benchmarks/results")
     parts = []
     for name, fn in (("engine_agree_smollm2.json", agree), ("engine_ppl_smollm2.json", ppl),
-                     ("engine_needle_smollm2.json", needle), ("engine_needle_smollm2_more.json", needle),
-                     ("engine_needle_smollm2_long.json", needle)):
+                     ("engine_needle_smollm2.json", lambda d: needle(d, "a")),
+                     ("engine_needle_smollm2_more.json", lambda d: needle(d, "b")),
+                     ("engine_needle_smollm2_long.json", lambda d: needle(d, "c"))):
         d = _load(root, name)
         if d:
             parts += fn(d) + [""]
