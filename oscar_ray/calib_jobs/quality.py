@@ -23,7 +23,8 @@ from .data import book_sequences
 from .fit import ClipFitStats, PassOneStats, PassTwoStats, fit_layers
 
 METHODS = ("naive INT2", "QuaRot-INT2", "QuaRot-INT2 + clip", "KIVI-2", "OSCAR", "OSCAR (exact C_S)",
-           "OSCAR (fitted clip)", "OSCAR (per KV head)")
+           "OSCAR (fitted clip)", "OSCAR (per KV head)",
+           "OSCAR (per KV head, fitted clip)")
 
 
 @dataclass
@@ -93,6 +94,9 @@ def _quantisers(fits, fitted_clip, cfg) -> dict[str, Callable]:
         "OSCAR (exact C_S)": lambda layer, k, v: oscar(layer, k, v, which=1),
         "OSCAR (fitted clip)": lambda layer, k, v: oscar(layer, k, v, 0, fitted_clip[0][layer], fitted_clip[1][layer]),
         "OSCAR (per KV head)": lambda layer, k, v: oscar(layer, k, v, which=2),
+        # the per-layer fitted ratios, reused: a per-head clip fit would need its own 24 tok/s pass
+        "OSCAR (per KV head, fitted clip)": lambda layer, k, v: oscar(layer, k, v, 2, fitted_clip[0][layer],
+                                                                      fitted_clip[1][layer]),
     }
 
 
