@@ -41,7 +41,8 @@ from oscar_ray.engines.torch import TorchEngineConfig  # noqa: E402
 from oscar_ray.engines.torch.core import EngineCore  # noqa: E402
 from oscar_ray.engines.torch.scheduler import Seq  # noqa: E402
 
-ROT = {"oscar": None, "quarot": "hadamard", "naive": "identity", "quarot-noclip": "hadamard", "naive-noclip": "identity"}
+ROT = {"oscar": None, "quarot": "hadamard", "naive": "identity",
+       "quarot-noclip": "hadamard", "naive-noclip": "identity"}
 PAGE = 64
 
 

@@ -10,7 +10,8 @@ import statistics
 import sys
 from pathlib import Path
 
-NAMES = {"bf16": "BF16 cache", "oscar": "OSCAR", "quarot": "QuaRot-INT2 (Hadamard) + clip", "naive": "naive INT2 (no rotation) + clip",
+NAMES = {"bf16": "BF16 cache", "oscar": "OSCAR", "quarot": "QuaRot-INT2 (Hadamard) + clip",
+         "naive": "naive INT2 (no rotation) + clip",
          "quarot-noclip": "QuaRot-INT2 (Hadamard), no clip", "naive-noclip": "naive INT2, no clip"}
 
 
@@ -49,10 +50,10 @@ def agree(d: dict) -> list[str]:
     return out
 
 
-def ppl(d: dict) -> list[str]:
+def ppl(d: dict, title: str = "") -> list[str]:
     cells = d["cells"]
     ctxs = sorted({c["context"] for c in cells.values()})
-    out = ["## 2. Perplexity (decode-scored)", "", _run_line(d),
+    out = [f"## 2{title}. Perplexity (decode-scored)", "", _run_line(d),
            f"- `{d['book']}` (the quick calibration used `emma`); per context, windows from spread-out offsets; "
            "each window's first T−N−1 tokens are a chunked prefill (256-token chunks), the last N are "
            "teacher-forced decode steps whose log-probabilities are scored (each reads sink BF16 + INT2 "
@@ -99,7 +100,8 @@ def needle(d: dict, title: str = "") -> list[str]:
         for i, h in zip(v["prompts"], v["hits"]):
             hit[(prompts[i]["context"], prompts[i]["depth"])].append(h)
         cs = sorted({c for c, _ in hit})
-        out += [f"**{key}** — retrieval {sum(v['hits'])}/{len(v['hits'])} = {v['rate']:.0%} (wall {v['wall_s']} s)", "",
+        out += [f"**{key}** — retrieval {sum(v['hits'])}/{len(v['hits'])} = {v['rate']:.0%} (wall {v['wall_s']} s)",
+                "",
                 "| context | " + " | ".join(f"{x}%" for x in depths) + " | row |", "|---|" + "---|" * (len(depths) + 1)]
         for c in cs:
             row = [hit.get((c, x), []) for x in depths]
@@ -117,6 +119,7 @@ def main() -> None:
     root = Path(sys.argv[1] if len(sys.argv) > 1 else "benchmarks/results")
     parts = []
     for name, fn in (("engine_agree_smollm2.json", agree), ("engine_ppl_smollm2.json", ppl),
+                     ("engine_ppl_smollm2_w4.json", lambda d: ppl(d, "b")),
                      ("engine_needle_smollm2.json", lambda d: needle(d, "a")),
                      ("engine_needle_smollm2_more.json", lambda d: needle(d, "b")),
                      ("engine_needle_smollm2_long.json", lambda d: needle(d, "c"))):
