@@ -53,14 +53,18 @@ class ClipFit:
         if k.shape != v.shape or k.ndim != 3 or k.shape[1:] != self.c_q.shape[:2]:
             raise ValueError(f"k and v must be [T, {self.c_q.shape[0]}, {self.c_q.shape[1]}], "
                              f"got {tuple(k.shape)} and {tuple(v.shape)}")
+        # Work where the activations are (a GPU worker's keys stay on the GPU); the fitted state and
+        # the error sums stay on the CPU, so accumulators pickle and merge across workers anywhere.
+        dev = k.device
+        c_q, m, r_k, r_v = (t.to(dev) for t in (self.c_q, self._m, self.r_k, self.r_v))
         k64, v64 = k.to(torch.float64), v.to(torch.float64)
-        w = torch.einsum("thi,hij,thj->th", k64, self.c_q, k64)
-        kr, vr = _rot(k64, self.r_k), _rot(v64, self.r_v)
+        w = torch.einsum("thi,hij,thj->th", k64, c_q, k64)
+        kr, vr = _rot(k64, r_k), _rot(v64, r_v)
         for i, ratio in enumerate(self.candidates):
             ek = self._residual(kr, ratio)
-            self.k_err[i] += torch.einsum("thi,hij,thj->", ek, self._m, ek)
+            self.k_err[i] += torch.einsum("thi,hij,thj->", ek, m, ek).cpu()
             ev = self._residual(vr, ratio)
-            self.v_err[i] += (w * ev.pow(2).sum(-1)).sum()
+            self.v_err[i] += (w * ev.pow(2).sum(-1)).sum().cpu()
 
     def merge(self, other: "ClipFit") -> "ClipFit":
         if other.candidates != self.candidates:

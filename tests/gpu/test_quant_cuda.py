@@ -20,3 +20,19 @@ def test_int2_cuda_matches_cpu(seed):
 def test_attention_cuda_matches_cpu(seed):
     q, k, v = torch.randn(64, 32, 128), torch.randn(64, 8, 128), torch.randn(64, 8, 128)
     assert torch.allclose(reference_attention(q.cuda(), k.cuda(), v.cuda()).cpu(), reference_attention(q, k, v), atol=1e-10)
+
+
+def test_clip_fit_takes_cuda_activations_and_matches_cpu(seed):
+    # a GPU calibration worker feeds CUDA keys/values into a ClipFit built from CPU statistics
+    from oscar_ray.quant import ClipFit
+
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(512, 2, 64, generator=g, dtype=torch.float64)
+    c_q = torch.einsum("thi,thj->hij", q, q) / 512
+    r = torch.linalg.qr(torch.randn(64, 64, generator=g, dtype=torch.float64))[0]
+    k, v = torch.randn(2, 256, 2, 64, generator=g, dtype=torch.float64)
+    cpu, gpu = ClipFit(c_q, r, r), ClipFit(c_q, r, r)
+    cpu.update(k, v)
+    gpu.update(k.cuda(), v.cuda())
+    assert gpu.k_err.device.type == "cpu" and gpu.best() == cpu.best()
+    assert torch.allclose(gpu.k_err, cpu.k_err, rtol=1e-9) and torch.allclose(gpu.v_err, cpu.v_err, rtol=1e-9)
