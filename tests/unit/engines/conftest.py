@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from oscar_ray.quant import RotationSet
+from tests.utils import save_random_rotations
 
 
 @pytest.fixture(scope="session")
@@ -32,14 +32,7 @@ def tiny_model(seed: int = 0):
 @pytest.fixture(scope="session")
 def tiny_rotations(tmp_path_factory):
     """Random orthogonal R_K, R_V per layer (an artifact on disk, as a deployment passes one)."""
-    g = torch.Generator().manual_seed(1)
-    r = torch.linalg.qr(torch.randn(4, 16, 16, generator=g, dtype=torch.float64))[0].float()
-    ones = torch.ones(2, 16)
-    rs = RotationSet(r[:2], r[2:], ones, ones.clone(), torch.full((2,), 0.96), torch.full((2,), 0.92),
-                     manifest={"n_kv_heads": 2, "architecture": "LlamaForCausalLM"})
-    path = tmp_path_factory.mktemp("rot")
-    rs.save(path)
-    return str(path)
+    return save_random_rotations(tmp_path_factory.mktemp("rot"), 2, 16, 2, "LlamaForCausalLM")
 
 
 TINY_CACHE = {"page_size": 4, "sink_tokens": 4, "recent_tokens": 8}

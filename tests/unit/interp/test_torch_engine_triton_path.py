@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from oscar_ray.quant import RotationSet
+from tests.utils import save_random_rotations
 
 CACHE = {"page_size": 8, "sink_tokens": 8, "recent_tokens": 16}
 PROMPTS = (45, 30)  # 45: sink 1 + INT2 3 + ring 2; the 30-token one demotes while decoding
@@ -30,14 +30,7 @@ def _model():
 
 @pytest.fixture(scope="module")
 def rotations(tmp_path_factory):
-    g = torch.Generator().manual_seed(1)
-    r = torch.linalg.qr(torch.randn(4, 64, 64, generator=g, dtype=torch.float64))[0].float()
-    ones = torch.ones(2, 64)
-    rs = RotationSet(r[:2], r[2:], ones, ones.clone(), torch.full((2,), 0.96), torch.full((2,), 0.92),
-                     manifest={"n_kv_heads": 2, "architecture": "Qwen3ForCausalLM"})
-    path = tmp_path_factory.mktemp("rot")
-    rs.save(path)
-    return str(path)
+    return save_random_rotations(tmp_path_factory.mktemp("rot"), 2, 64, 2, "Qwen3ForCausalLM")
 
 
 def _run(kv_cache: str, rotations: str, kernels: bool) -> list[torch.Tensor]:
