@@ -9,9 +9,11 @@ cannot serve. Everything here is plain Python so it pickles across Ray actor bou
 from __future__ import annotations
 
 import abc
+import asyncio
 import dataclasses
 import math
-from collections.abc import AsyncIterator, Sequence
+import time
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -198,3 +200,13 @@ class Engine(abc.ABC):
     async def shutdown(self, drain_timeout_s: float = 30.0) -> None:
         """Stop admitting, let running requests finish for up to `drain_timeout_s`, then abort the
         rest and release the model. Default: nothing to release."""
+
+    async def _drain(self, pending: Callable[[], bool], live: Callable[[], Iterable[str]],
+                     timeout_s: float) -> None:
+        """The drain half of `shutdown`: poll every 50 ms while `pending()` holds, for at most
+        `timeout_s`, then abort every request id `live()` still names (frees their pages at once)."""
+        deadline = time.monotonic() + timeout_s
+        while pending() and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        for rid in list(live()):
+            await self.abort(rid)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -183,8 +182,4 @@ class MockEngine(Engine):
 
     async def shutdown(self, drain_timeout_s: float = 30.0) -> None:
         self._closed = True
-        deadline = time.monotonic() + drain_timeout_s
-        while self._tasks and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        for rid in list(self._tasks):
-            await self.abort(rid)
+        await self._drain(lambda: bool(self._tasks), lambda: self._tasks, drain_timeout_s)

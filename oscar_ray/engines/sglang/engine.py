@@ -38,7 +38,6 @@ import importlib.util
 import logging
 import math
 import os
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -134,11 +133,7 @@ class SGLangEngine(Engine):
         if self._sgl is None:
             return
         self._stopping = True
-        deadline = time.monotonic() + drain_timeout_s
-        while self._live and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        for rid in list(self._live):
-            await self.abort(rid)
+        await self._drain(lambda: bool(self._live), lambda: self._live, drain_timeout_s)
         sgl, self._sgl = self._sgl, None
         await asyncio.to_thread(sgl.shutdown)
 

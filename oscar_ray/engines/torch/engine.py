@@ -12,7 +12,6 @@ import asyncio
 import logging
 import queue
 import threading
-import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
@@ -98,11 +97,8 @@ class TorchEngine(Engine):
         if self.core is None or self._thread is None:
             return
         self._stopping = True
-        deadline = time.monotonic() + drain_timeout_s
-        while self._n_queued and time.monotonic() < deadline and self._thread.is_alive():
-            await asyncio.sleep(0.05)
-        for rid in list(self._live):
-            await self.abort(rid)
+        await self._drain(lambda: bool(self._n_queued) and self._thread.is_alive(), lambda: self._live,
+                          drain_timeout_s)
         self._inbox.put(("stop", None, None))
         self._wake.set()
         await asyncio.to_thread(self._thread.join, 10.0)
