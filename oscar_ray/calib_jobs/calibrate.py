@@ -183,8 +183,13 @@ def calibrate(cfg: CalibrationConfig, log: Callable[[str], None] = print, local:
     speeds: dict = {}
     try:
         exact = cfg.value_target == "softmax"
-        parts = _run_pass(pool, "pass1", plan.fit_chunks, lambda: PassOneStats(g, exact_value_target=exact), log, speeds)
+        skip = cfg.cache.sink_tokens
+        parts = _run_pass(pool, "pass1", plan.fit_chunks, lambda: PassOneStats(g, exact, skip), log, speeds)
         c_q = merge_layer_stats([p.c_q for p in parts])
+        means = None
+        if cfg.centre:
+            means = tuple({l: m.mean() for l, m in merge_layer_stats([getattr(p, name) for p in parts]).items()}
+                          for name in ("k_mean", "v_mean"))
         c_q_heads = {l: m.per_head() for l, m in c_q.items()}
         if exact:
             c_s = merge_layer_stats([p.c_s_softmax for p in parts])
@@ -198,7 +203,7 @@ def calibrate(cfg: CalibrationConfig, log: Callable[[str], None] = print, local:
         k_clip = {l: cfg.cache.k_clip_ratio for l in layers}
         v_clip = {l: cfg.cache.v_clip_ratio for l in layers}
         if cfg.clip_mode == "fit":
-            factory = lambda: ClipFitStats(fits, c_q_heads, cfg.cache.group_size, cfg.cache.scale_dtype)  # noqa: E731
+            factory = lambda: ClipFitStats(fits, c_q_heads, cfg.cache.group_size, cfg.cache.scale_dtype, means)  # noqa: E731
             merged = merge_layer_stats([p.clip for p in _run_pass(pool, "pass3", plan.clip_chunks, factory, log, speeds)])
             picks = {l: merged[l].best() for l in layers}
             k_clip, v_clip = {l: p[0] for l, p in picks.items()}, {l: p[1] for l, p in picks.items()}
@@ -211,7 +216,7 @@ def calibrate(cfg: CalibrationConfig, log: Callable[[str], None] = print, local:
                 "group_size": cfg.cache.resolved_group_size(g.head_dim), "objective": f"qqt_{cfg.composition}",
                 "value_target": cfg.value_target, "clip_mode": cfg.clip_mode, "data_source": source,
                 "token_count": plan.tokens}
-    rs = to_rotation_set(fits, k_clip, v_clip, manifest)
+    rs = to_rotation_set(fits, k_clip, v_clip, manifest, means)
     digest = rs.save(cfg.output.path)
     shutil.rmtree(plan.ckpt_dir, ignore_errors=True)
     log(f"wrote {cfg.output.path} (sha256 {digest[:16]}…)")

@@ -1,7 +1,7 @@
 """Per-layer calibration statistics and the fit that turns them into a RotationSet.
 
 Two passes over the same data, as the authors' value target needs C_Q first:
-  pass 1: QueryMoment (C_Q) and ValueTargetSoftmax (exact VᵀSᵀSV) per layer
+  pass 1: QueryMoment (C_Q), ValueTargetSoftmax (exact VᵀSᵀSV) and key/value channel means per layer
   pass 2: ValueTargetDiag (w_t = k_t C_Q k_tᵀ) per layer, and ClipFit on held-out calibration tokens
 Every piece is a mergeable accumulator, so the distributed job reduces partial results exactly.
 """
@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..quant import ClipFit, QueryMoment, RotationSet, ValueTargetDiag, ValueTargetSoftmax, fit_rotation
+from ..quant import ChannelMean, ClipFit, QueryMoment, RotationSet, ValueTargetDiag, ValueTargetSoftmax, fit_rotation
 from ..models.loader import AttentionGeometry
 
 VALUE_TARGETS = ("diag", "softmax")
@@ -22,16 +22,23 @@ VALUE_TARGETS = ("diag", "softmax")
 class PassOneStats:
     geometry: AttentionGeometry
     exact_value_target: bool = True
+    mean_skip: int = 64  # the cache's sink: never quantised, so left out of the means
     c_q: dict[int, QueryMoment] = field(default_factory=dict)
     c_s_softmax: dict[int, ValueTargetSoftmax] = field(default_factory=dict)
+    k_mean: dict[int, ChannelMean] = field(default_factory=dict)
+    v_mean: dict[int, ChannelMean] = field(default_factory=dict)
 
     def sink(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         g = self.geometry
         if layer not in self.c_q:
             self.c_q[layer] = QueryMoment(g.n_kv_heads, g.head_dim, n_q_heads=g.n_q_heads)
+            self.k_mean[layer] = ChannelMean(g.n_kv_heads, g.head_dim, self.mean_skip)
+            self.v_mean[layer] = ChannelMean(g.n_kv_heads, g.head_dim, self.mean_skip)
             if self.exact_value_target:
                 self.c_s_softmax[layer] = ValueTargetSoftmax(g.n_kv_heads, g.head_dim, n_q_heads=g.n_q_heads)
         self.c_q[layer].update(q)
+        self.k_mean[layer].update(k)
+        self.v_mean[layer].update(v)
         if self.exact_value_target:
             self.c_s_softmax[layer].update(q, k, v)
 
@@ -70,14 +77,18 @@ def fit_layers(c_q: dict[int, QueryMoment], c_s: dict[int, object], composition:
     return out
 
 
-def to_rotation_set(fits: dict, k_clip: dict[int, float], v_clip: dict[int, float], manifest: dict) -> RotationSet:
+def to_rotation_set(fits: dict, k_clip: dict[int, float], v_clip: dict[int, float], manifest: dict,
+                    means: tuple[dict, dict] | None = None) -> RotationSet:
+    """means: ({layer: [Hkv, d] key mean}, {layer: value mean}) to centre the cache, or None."""
     layers = sorted(fits)
     if layers != list(range(len(layers))):
         raise ValueError(f"fits must cover layers 0..L-1, got {layers[:5]}…")
     stack = lambda i: torch.stack([fits[l][i] for l in layers])  # noqa: E731
+    extra = {} if means is None else {"k_mean": torch.stack([means[0][l] for l in layers]),
+                                      "v_mean": torch.stack([means[1][l] for l in layers])}
     return RotationSet(stack(0), stack(1), stack(2), stack(3),
                        torch.tensor([k_clip[l] for l in layers]), torch.tensor([v_clip[l] for l in layers]),
-                       manifest=manifest)
+                       manifest=manifest, **extra)
 
 
 @dataclass
@@ -88,13 +99,15 @@ class ClipFitStats:
     c_q: dict[int, torch.Tensor]
     group_size: int | None = None
     scale_dtype: str = "float16"
+    means: tuple[dict, dict] | None = None  # ({layer: μ_K}, {layer: μ_V}) when the cache centres
     clip: dict[int, ClipFit] = field(default_factory=dict)
 
     def sink(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         if layer not in self.clip:
             r_k, r_v = self.fits[layer][0], self.fits[layer][1]
+            mk, mv = (None, None) if self.means is None else (self.means[0][layer], self.means[1][layer])
             self.clip[layer] = ClipFit(self.c_q[layer], r_k, r_v, group_size=self.group_size,
-                                       scale_dtype=self.scale_dtype)
+                                       scale_dtype=self.scale_dtype, k_mean=mk, v_mean=mv)
         self.clip[layer].update(k, v)
 
     def best(self) -> tuple[dict[int, float], dict[int, float]]:

@@ -24,7 +24,9 @@ from .fit import ClipFitStats, PassOneStats, PassTwoStats, fit_layers
 
 METHODS = ("naive INT2", "QuaRot-INT2", "QuaRot-INT2 + clip", "KIVI-2", "OSCAR", "OSCAR (exact C_S)",
            "OSCAR (fitted clip)", "OSCAR (per KV head)",
-           "OSCAR (per KV head, fitted clip)")
+           "OSCAR (per KV head, fitted clip)", "OSCAR (centred)", "OSCAR (per KV head, centred, fitted clip)")
+# what `oscar-ray calibrate` writes with per_kv_head, clip_mode fit and centre on
+BEST = "OSCAR (per KV head, centred, fitted clip)"
 
 
 @dataclass
@@ -73,13 +75,14 @@ class QualityResult:
         return total
 
 
-def _quantisers(fits, fitted_clip, cfg) -> dict[str, Callable]:
+def _quantisers(fits, fitted_clip, cfg, means, centred_clip) -> dict[str, Callable]:
     c = cfg.cache
     gs, sd = c.group_size, c.scale_dtype
 
-    def oscar(layer, k, v, which=0, k_clip=c.k_clip_ratio, v_clip=c.v_clip_ratio):
+    def oscar(layer, k, v, which=0, k_clip=c.k_clip_ratio, v_clip=c.v_clip_ratio, centre=False):
         r_k, r_v = fits[which][layer][0], fits[which][layer][1]
-        return oscar_int2(k, v, r_k, r_v, k_clip, v_clip, gs, sd, c.lloyd_max)
+        mk, mv = (means[0][layer], means[1][layer]) if centre else (None, None)
+        return oscar_int2(k, v, r_k, r_v, k_clip, v_clip, gs, sd, c.lloyd_max, mk, mv)
 
     def quarot_clip(layer, k, v):
         h = hadamard(k.shape[-1])
@@ -97,6 +100,8 @@ def _quantisers(fits, fitted_clip, cfg) -> dict[str, Callable]:
         # the per-layer fitted ratios, reused: a per-head clip fit would need its own 24 tok/s pass
         "OSCAR (per KV head, fitted clip)": lambda layer, k, v: oscar(layer, k, v, 2, fitted_clip[0][layer],
                                                                       fitted_clip[1][layer]),
+        "OSCAR (centred)": lambda layer, k, v: oscar(layer, k, v, centre=True),
+        BEST: lambda layer, k, v: oscar(layer, k, v, 2, centred_clip[0][layer], centred_clip[1][layer], centre=True),
     }
 
 
@@ -112,8 +117,9 @@ def run_quality(cfg: QualityConfig, log: Callable[[str], None] = print, model=No
     evals = book_sequences(tokenizer, cfg.eval_book, cfg.seq_len, cfg.eval_seqs, skip=1)  # skip title pages
 
     log(f"pass 1: C_Q and exact C_S over {len(fit_seqs)}×{cfg.seq_len} tokens of {cfg.calib_book}")
-    p1 = PassOneStats(geom)
+    p1 = PassOneStats(geom, mean_skip=cfg.cache.sink_tokens)
     run_sequences(model, fit_seqs, p1.sink)
+    means = ({l: m.mean() for l, m in p1.k_mean.items()}, {l: m.mean() for l, m in p1.v_mean.items()})
     c_q_heads = {l: m.per_head() for l, m in p1.c_q.items()}
     log("pass 2: diagonal-proxy C_S (needs C_Q)")
     p2 = PassTwoStats(geom, c_q_heads)
@@ -123,13 +129,20 @@ def run_quality(cfg: QualityConfig, log: Callable[[str], None] = print, model=No
     fits_head = fit_layers(p1.c_q, p2.c_s_diag, per_kv_head=True)
 
     fitted = ({l: cfg.cache.k_clip_ratio for l in fits_diag}, {l: cfg.cache.v_clip_ratio for l in fits_diag})
+    centred_clip = fitted
     if clip_seqs:
         log(f"clip fit on {len(clip_seqs)} held-out calibration sequence(s)")
         cs = ClipFitStats(fits_diag, c_q_heads, cfg.cache.group_size, cfg.cache.scale_dtype)
-        run_sequences(model, clip_seqs, cs.sink)
-        fitted = cs.best()
+        cs_best = ClipFitStats(fits_head, c_q_heads, cfg.cache.group_size, cfg.cache.scale_dtype, means)
 
-    quantisers = _quantisers((fits_diag, fits_soft, fits_head), fitted, cfg)
+        def both(layer, q, k, v):
+            cs.sink(layer, q, k, v)
+            cs_best.sink(layer, q, k, v)
+
+        run_sequences(model, clip_seqs, both)
+        fitted, centred_clip = cs.best(), cs_best.best()
+
+    quantisers = _quantisers((fits_diag, fits_soft, fits_head), fitted, cfg, means, centred_clip)
     errors = {name: {} for name in METHODS}
 
     n_sink = cfg.cache.sink_tokens
@@ -149,4 +162,5 @@ def run_quality(cfg: QualityConfig, log: Callable[[str], None] = print, model=No
     return QualityResult(cfg, geom.n_layers, geom.head_dim,
                          {"fit": len(fit_seqs) * cfg.seq_len, "clip_fit": len(clip_seqs) * cfg.seq_len,
                           "eval": len(evals) * cfg.seq_len},
-                         errors, {"k": fitted[0], "v": fitted[1]}, time.time() - t0)
+                         errors, {"k": fitted[0], "v": fitted[1], "k_centred": centred_clip[0],
+                                  "v_centred": centred_clip[1]}, time.time() - t0)

@@ -2,10 +2,10 @@
 
 `resolve_rotations(model, tokenizer, path)`:
   1. `path` given → `RotationSet.load(path, expect=geometry)` (the calibration job's artifact);
-  2. else a quick two-pass OSCAR calibration on Austen text (the authors' C_Q key target and
-     diagonal value target, R = U·H·P, fixed clip ratios), cached under
-     OSCAR_CACHE_DIR/rotations/<sha of model + settings>; SmolLM2 on 2 cores: 2 × 2048 tokens,
-     about 15 s once, then a load of a few ms;
+  2. else a quick OSCAR calibration on Austen text (the authors' C_Q key target and diagonal value
+     target, R = U·H·P; mode "best" adds per-KV-head rotations, centring and fitted clip ratios,
+     see `quick_calibration`), cached under OSCAR_CACHE_DIR/rotations/<sha of model + settings>;
+     SmolLM2 on 2 cores: 2048 tokens (+ 512 for the clip fit), ~20 s once, then a load of a few ms;
   3. if the calibration text cannot be fetched → data-free Hadamard rotations (QuaRot-style) with
      a logged warning: a working cache, but ~2× the attention error of OSCAR rotations.
 """
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from ..quant import QueryMoment, RotationSet, ValueTargetDiag, fit_rotation, hadamard
+from ..quant import ChannelMean, ClipFit, QueryMoment, RotationSet, ValueTargetDiag, fit_rotation, hadamard
 from .loader import attention_geometry
 
 log = logging.getLogger(__name__)
@@ -28,6 +28,7 @@ _SINK = "_oscar_quick_sink"
 QUICK_BOOK = "emma"
 QUICK_SEQ_LEN = 512
 QUICK_SEQS = 4  # 2048 tokens per layer: enough for SmolLM2's 64×64 targets (~30 tokens per entry)
+QUICK_MODES = ("best", "authors")
 
 
 def _capture(module, query, key, value, attention_mask, **kwargs):
@@ -59,18 +60,31 @@ def _run(model, seqs: list[torch.Tensor], sink) -> None:
 
 
 def quick_calibration(model, tokenizer, k_clip: float, v_clip: float, book: str = QUICK_BOOK,
-                      seq_len: int = QUICK_SEQ_LEN, n_seqs: int = QUICK_SEQS) -> RotationSet:
-    """Two passes over `n_seqs` × `seq_len` tokens of an Austen novel: C_Q, then the diagonal value
-    target w_t = k_t C_Q k_tᵀ; per-layer R = U·H·P for K and V (the calibration job's defaults)."""
+                      seq_len: int = QUICK_SEQ_LEN, n_seqs: int = QUICK_SEQS, mode: str = "best",
+                      sink_tokens: int = 64) -> RotationSet:
+    """Two passes over `n_seqs` × `seq_len` tokens of an Austen novel: C_Q (and the key/value channel
+    means), then the diagonal value target w_t = k_t C_Q k_tᵀ; R = U·H·P for K and V.
+
+    mode "authors": one rotation per layer, the fixed clip ratios k_clip / v_clip, no centring (the
+    paper's settings). mode "best": one rotation per KV head, centred keys and values, and per-layer
+    clip ratios fitted on one further held-out sequence (`quality_smollm2.md`: attention-output
+    error 0.67 → 0.38 on SmolLM2)."""
     from ..assets import austen_books
 
+    if mode not in QUICK_MODES:
+        raise ValueError(f"quick calibration mode must be one of {QUICK_MODES}, got {mode!r}")
+    best = mode == "best"
     g = attention_geometry(model.config)
     ids = tokenizer(austen_books()[book], add_special_tokens=False, return_tensors="pt")["input_ids"][0]
-    seqs = [ids[i * seq_len:(i + 1) * seq_len] for i in range(n_seqs)]
+    seqs = [ids[i * seq_len:(i + 1) * seq_len] for i in range(n_seqs + best)]
+    seqs, held_out = seqs[:n_seqs], seqs[n_seqs:]
     c_q: dict[int, QueryMoment] = {}
+    means: dict[int, tuple[ChannelMean, ChannelMean]] = {}
 
     def pass_one(layer, q, k, v):
         c_q.setdefault(layer, QueryMoment(g.n_kv_heads, g.head_dim, n_q_heads=g.n_q_heads)).update(q)
+        mk, mv = means.setdefault(layer, tuple(ChannelMean(g.n_kv_heads, g.head_dim, sink_tokens) for _ in "kv"))
+        mk.update(k), mv.update(v)
 
     _run(model, seqs, pass_one)
     per_head = {l: m.per_head() for l, m in c_q.items()}
@@ -80,14 +94,24 @@ def quick_calibration(model, tokenizer, k_clip: float, v_clip: float, book: str 
         c_s.setdefault(layer, ValueTargetDiag(g.n_kv_heads, g.head_dim, c_q=per_head[layer])).update(k, v)
 
     _run(model, seqs, pass_two)
-    fits = [(fit_rotation(c_q[l].layer()), fit_rotation(c_s[l].layer())) for l in range(g.n_layers)]
+    target = (lambda acc: acc.per_head()) if best else (lambda acc: acc.layer())
+    fits = [(fit_rotation(target(c_q[l])), fit_rotation(target(c_s[l]))) for l in range(g.n_layers)]
+    k_clips, v_clips = [float(k_clip)] * g.n_layers, [float(v_clip)] * g.n_layers
+    extra = {}
+    if best:
+        extra = {"k_mean": torch.stack([means[l][0].mean() for l in range(g.n_layers)]),
+                 "v_mean": torch.stack([means[l][1].mean() for l in range(g.n_layers)])}
+        clip = {l: ClipFit(per_head[l], fits[l][0][0], fits[l][1][0], k_mean=extra["k_mean"][l],
+                           v_mean=extra["v_mean"][l]) for l in range(g.n_layers)}
+        _run(model, held_out, lambda layer, q, k, v: clip[layer].update(k, v))
+        k_clips, v_clips = zip(*(clip[l].best() for l in range(g.n_layers)))
     manifest = {"model_id": getattr(model.config, "_name_or_path", "unknown") or "unknown",
                 "architecture": g.architecture, "n_kv_heads": g.n_kv_heads,
-                "token_count": seq_len * n_seqs, "data_source": f"austen:{book}", "objective": "qqt_r_h_pbr"}
+                "token_count": seq_len * n_seqs, "data_source": f"austen:{book}", "objective": "qqt_r_h_pbr",
+                "clip_mode": "fit" if best else "fixed", "quick_calibration": mode}
     return RotationSet(torch.stack([k[0] for k, _ in fits]), torch.stack([v[0] for _, v in fits]),
                        torch.stack([k[1] for k, _ in fits]), torch.stack([v[1] for _, v in fits]),
-                       torch.full((g.n_layers,), float(k_clip)), torch.full((g.n_layers,), float(v_clip)),
-                       manifest=manifest)
+                       torch.tensor(k_clips), torch.tensor(v_clips), manifest=manifest, **extra)
 
 
 def hadamard_rotations(model, k_clip: float, v_clip: float) -> RotationSet:
@@ -101,19 +125,19 @@ def hadamard_rotations(model, k_clip: float, v_clip: float) -> RotationSet:
                                  "objective": "hadamard", "data_source": "none"})
 
 
-def _cache_key(model, k_clip: float, v_clip: float) -> str:
+def _cache_key(model, k_clip: float, v_clip: float, mode: str, sink_tokens: int) -> str:
     cfg = model.config
     sample = next(model.parameters()).detach().flatten()[:4096].double()  # weights, not just the shape
     ident = {"config": cfg.to_dict() if hasattr(cfg, "to_dict") else str(cfg), "k_clip": k_clip, "v_clip": v_clip,
              "book": QUICK_BOOK, "seq_len": QUICK_SEQ_LEN, "seqs": QUICK_SEQS, "weights": float(sample.sum()),
-             "version": 1}
+             "mode": mode, "sink": sink_tokens, "version": 2}
     for drop in ("_name_or_path", "transformers_version", "dtype", "torch_dtype"):
         ident["config"].pop(drop, None) if isinstance(ident["config"], dict) else None
     return hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def resolve_rotations(model, tokenizer, path: str | None, k_clip: float, v_clip: float,
-                      cache_root: Path | None = None) -> RotationSet:
+                      cache_root: Path | None = None, mode: str = "best", sink_tokens: int = 64) -> RotationSet:
     """The rotations an engine serves with (see the module docstring for the order of sources).
     Call before `absorb_value_rotation`: the quick calibration needs the unmodified weights."""
     g = attention_geometry(model.config)
@@ -121,7 +145,7 @@ def resolve_rotations(model, tokenizer, path: str | None, k_clip: float, v_clip:
         return RotationSet.load(path, expect=g.model_geometry())
     from ..env import cache_dir
 
-    root = (cache_root or cache_dir() / "rotations") / _cache_key(model, k_clip, v_clip)
+    root = (cache_root or cache_dir() / "rotations") / _cache_key(model, k_clip, v_clip, mode, sink_tokens)
     if (root / "manifest.json").is_file():
         try:
             return RotationSet.load(root, expect=g.model_geometry())
@@ -130,7 +154,7 @@ def resolve_rotations(model, tokenizer, path: str | None, k_clip: float, v_clip:
     try:
         from ..assets import AssetError
 
-        rs = quick_calibration(model, tokenizer, k_clip, v_clip)
+        rs = quick_calibration(model, tokenizer, k_clip, v_clip, mode=mode, sink_tokens=sink_tokens)
     except (AssetError, OSError) as e:
         log.warning("no calibration text (%s): serving with data-free Hadamard rotations, expect about "
                     "twice OSCAR's attention error; pass `rotations` (an artifact) to fix", e)

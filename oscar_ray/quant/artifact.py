@@ -3,6 +3,8 @@
 On disk:  <dir>/rotations.safetensors   k_rotation [L, d, d] | [L, Hkv, d, d] fp32, v_rotation (same),
                                         k_eigenvalues / v_eigenvalues [L, d] | [L, Hkv, d] fp32,
                                         k_clip / v_clip [L] fp32
+                                        k_mean / v_mean [L, Hkv, d] fp32 (format 2, optional: the
+                                        channel means the cache subtracts before INT2, centre.py)
           <dir>/manifest.json           geometry, provenance and the sha256 of the tensor file
 The runtime loads rotations through `RotationSet.load` only, and never infers anything from a
 file name.  torch + safetensors only: this module runs on the GPU image.
@@ -20,10 +22,12 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2 added the optional k_mean/v_mean tensors
+READABLE_VERSIONS = (1, 2)
 TENSORS_FILE = "rotations.safetensors"
 MANIFEST_FILE = "manifest.json"
 _TENSOR_NAMES = ("k_rotation", "v_rotation", "k_eigenvalues", "v_eigenvalues", "k_clip", "v_clip")
+_MEAN_NAMES = ("k_mean", "v_mean")
 _REQUIRED = {  # manifest field -> accepted types
     "format_version": int, "model_id": str, "architecture": str, "n_layers": int, "n_kv_heads": int,
     "head_dim": int, "group_size": int, "per_kv_head": bool, "objective": str, "value_target": str,
@@ -64,10 +68,13 @@ class RotationSet:
     k_clip: torch.Tensor
     v_clip: torch.Tensor
     manifest: dict = field(default_factory=dict)
+    k_mean: torch.Tensor | None = None  # [L, Hkv, d] key means, original post-RoPE basis; None = not centred
+    v_mean: torch.Tensor | None = None  # [L, Hkv, d] value means, original (un-rotated) basis
 
     def __post_init__(self) -> None:
-        for name in _TENSOR_NAMES:
-            setattr(self, name, getattr(self, name).detach().to("cpu", torch.float32).contiguous())
+        for name in _TENSOR_NAMES + _MEAN_NAMES:
+            if getattr(self, name) is not None:
+                setattr(self, name, getattr(self, name).detach().to("cpu", torch.float32).contiguous())
         r = self.k_rotation
         if r.ndim not in (3, 4) or r.shape[-1] != r.shape[-2]:
             raise ValueError(f"k_rotation must be [L, d, d] or [L, Hkv, d, d], got {tuple(r.shape)}")
@@ -81,11 +88,21 @@ class RotationSet:
             if getattr(self, name).shape != (r.shape[0],):
                 raise ValueError(f"{name} must be [{r.shape[0]}] (one ratio per layer), got "
                                  f"{tuple(getattr(self, name).shape)}")
+        if (self.k_mean is None) != (self.v_mean is None):
+            raise ValueError("k_mean and v_mean must be given together (or neither)")
+        if self.k_mean is not None:
+            for name in _MEAN_NAMES:
+                m = getattr(self, name)
+                if m.ndim != 3 or m.shape[0] != r.shape[0] or m.shape[2] != r.shape[-1] or (
+                        self.per_kv_head and m.shape[1] != r.shape[1]):
+                    raise ValueError(f"{name} must be [{r.shape[0]}, Hkv, {r.shape[-1]}], got {tuple(m.shape)}")
+            if self.v_mean.shape != self.k_mean.shape:
+                raise ValueError(f"v_mean {tuple(self.v_mean.shape)} != k_mean {tuple(self.k_mean.shape)}")
         defaults = {"format_version": FORMAT_VERSION, "model_id": "unknown", "architecture": "unknown",
                     "group_size": self.head_dim, "objective": "qqt_r_h_pbr", "value_target": "diag",
                     "data_source": "unknown", "token_count": 0}
         self.manifest = {**defaults, **self.manifest, "n_layers": self.n_layers, "n_kv_heads": self.n_kv_heads,
-                         "head_dim": self.head_dim, "per_kv_head": self.per_kv_head}
+                         "head_dim": self.head_dim, "per_kv_head": self.per_kv_head, "centred": self.centred}
 
     # geometry ---------------------------------------------------------------------------------
     @property
@@ -102,7 +119,24 @@ class RotationSet:
 
     @property
     def n_kv_heads(self) -> int:
-        return self.k_rotation.shape[1] if self.per_kv_head else int(self.manifest.get("n_kv_heads", 0) or 0)
+        if self.per_kv_head:
+            return self.k_rotation.shape[1]
+        if self.k_mean is not None:
+            return self.k_mean.shape[1]
+        return int(self.manifest.get("n_kv_heads", 0) or 0)
+
+    @property
+    def centred(self) -> bool:
+        return self.k_mean is not None
+
+    def value_mean_rotated(self) -> torch.Tensor | None:
+        """[L, Hkv, d] μ_V·R_V: the value mean in the basis the absorbed W_v produces (None if not centred)."""
+        if self.v_mean is None:
+            return None
+        r = self.v_rotation.to(torch.float64)
+        if r.ndim == 3:
+            return torch.einsum("lhi,lij->lhj", self.v_mean.double(), r).float()
+        return torch.einsum("lhi,lhij->lhj", self.v_mean.double(), r).float()
 
     def validate(self, expect: ModelGeometry) -> None:
         """Raise ValueError naming the first field where this artifact and the model disagree."""
@@ -126,9 +160,10 @@ class RotationSet:
         out.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=out, prefix=".tmp-") as tmp:
             tensors = Path(tmp) / TENSORS_FILE
-            save_file({n: getattr(self, n) for n in _TENSOR_NAMES}, str(tensors))
+            names = _TENSOR_NAMES + (_MEAN_NAMES if self.centred else ())
+            save_file({n: getattr(self, n) for n in names}, str(tensors))
             digest = _sha256(tensors)
-            manifest = {**self.manifest, "sha256": digest}
+            manifest = {**self.manifest, "format_version": FORMAT_VERSION, "sha256": digest}
             (Path(tmp) / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
             os.replace(tensors, out / TENSORS_FILE)
             os.replace(Path(tmp) / MANIFEST_FILE, out / MANIFEST_FILE)
@@ -152,9 +187,9 @@ class RotationSet:
                 raise ValueError(f"manifest field {key!r} is missing in {mpath}")
             if not isinstance(manifest[key], typ) or (typ is int and isinstance(manifest[key], bool)):
                 raise ValueError(f"manifest field {key!r} must be {typ.__name__}, got {manifest[key]!r}")
-        if manifest["format_version"] != FORMAT_VERSION:
+        if manifest["format_version"] not in READABLE_VERSIONS:
             raise ValueError(f"manifest field 'format_version' is {manifest['format_version']}; this "
-                             f"oscar-ray reads version {FORMAT_VERSION}")
+                             f"oscar-ray reads versions {', '.join(map(str, READABLE_VERSIONS))}")
         digest = _sha256(tpath)
         if digest != manifest["sha256"]:
             raise ValueError(f"manifest field 'sha256' is {manifest['sha256'][:12]}… but {tpath.name} hashes to "
@@ -166,9 +201,12 @@ class RotationSet:
         missing = [n for n in _TENSOR_NAMES if n not in tensors]
         if missing:
             raise ValueError(f"{tpath.name} lacks tensors {missing}")
-        rs = cls(**{n: tensors[n] for n in _TENSOR_NAMES}, manifest=manifest)
-        for key in ("n_layers", "head_dim", "per_kv_head"):
-            if rs.manifest[key] != manifest[key]:
+        if manifest.get("centred") and not all(n in tensors for n in _MEAN_NAMES):
+            raise ValueError(f"manifest field 'centred' is true but {tpath.name} lacks k_mean/v_mean")
+        means = {n: tensors[n] for n in _MEAN_NAMES if n in tensors}
+        rs = cls(**{n: tensors[n] for n in _TENSOR_NAMES}, manifest=manifest, **means)
+        for key in ("n_layers", "head_dim", "per_kv_head", "n_kv_heads", "centred"):
+            if key in manifest and rs.manifest[key] != manifest[key]:
                 raise ValueError(f"manifest field {key!r} says {manifest[key]} but the tensors say {rs.manifest[key]}")
         rs.manifest["sha256"] = digest
         if expect is not None:

@@ -61,7 +61,7 @@ def kivi2(k: torch.Tensor, v: torch.Tensor, token_group: int | None = None, resi
 
 
 def oscar_int2(k, v, r_k, r_v, k_clip=0.96, v_clip=0.92, group_size=None, scale_dtype="float16",
-               lloyd_max=False):
-    """OSCAR: k̂ = Q₂(clip(k R_K)) R_Kᵀ, same for v with R_V."""
-    return (fake_quantize(k, r_k, k_clip, group_size, scale_dtype, lloyd_max),
-            fake_quantize(v, r_v, v_clip, group_size, scale_dtype, lloyd_max))
+               lloyd_max=False, k_mean=None, v_mean=None):
+    """OSCAR: k̂ = Q₂(clip((k − μ_K) R_K)) R_Kᵀ + μ_K, same for v with R_V (μ None: no centring)."""
+    return (fake_quantize(k, r_k, k_clip, group_size, scale_dtype, lloyd_max, k_mean),
+            fake_quantize(v, r_v, v_clip, group_size, scale_dtype, lloyd_max, v_mean))

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .centre import centred
 from .clip import DEFAULT_CANDIDATES, check_ratio, clip_rows
 from .int2 import dequantize_int2, quantize_int2
 
@@ -32,6 +33,8 @@ class ClipFit:
     scale_dtype: str = "float16"
     k_err: torch.Tensor = field(default=None)  # [n_candidates] float64
     v_err: torch.Tensor = field(default=None)
+    k_mean: torch.Tensor | None = None  # [Hkv, d] channel means the cache subtracts (centre.py), or None
+    v_mean: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if not self.candidates:
@@ -59,7 +62,8 @@ class ClipFit:
         c_q, m, r_k, r_v = (t.to(dev) for t in (self.c_q, self._m, self.r_k, self.r_v))
         k64, v64 = k.to(torch.float64), v.to(torch.float64)
         w = torch.einsum("thi,hij,thj->th", k64, c_q, k64)
-        kr, vr = _rot(k64, r_k), _rot(v64, r_v)
+        # the cache quantises centred rows; the importance weights w keep the raw keys
+        kr, vr = _rot(centred(k64, self.k_mean), r_k), _rot(centred(v64, self.v_mean), r_v)
         for i, ratio in enumerate(self.candidates):
             ek = self._residual(kr, ratio)
             self.k_err[i] += torch.einsum("thi,hij,thj->", ek, m, ek).cpu()
@@ -70,7 +74,7 @@ class ClipFit:
         if other.candidates != self.candidates:
             raise ValueError("cannot merge ClipFit accumulators with different candidate lists")
         return ClipFit(self.c_q, self.r_k, self.r_v, self.candidates, self.group_size, self.scale_dtype,
-                       self.k_err + other.k_err, self.v_err + other.v_err)
+                       self.k_err + other.k_err, self.v_err + other.v_err, self.k_mean, self.v_mean)
 
     def best(self) -> tuple[float, float]:
         """(r_K, r_V) minimising each error; ties go to the earlier candidate."""

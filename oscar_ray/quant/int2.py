@@ -113,16 +113,22 @@ def fake_quantize(
     group_size: int | None = None,
     scale_dtype="float16",
     lloyd_max: bool = False,
+    mean: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """x̂ = Q₂(clip(x·R))·Rᵀ in x's original basis, float64.  x: [T, H, d]; R: [d, d] or [H, d, d]."""
+    """x̂ = Q₂(clip((x − μ)·R))·Rᵀ + μ in x's original basis, float64.  x: [T, H, d]; R: [d, d] or
+    [H, d, d]; mean μ: [H, d] or [d] channel means (centre.py), None for none."""
     from .clip import clip_rows
 
     x64 = x.to(torch.float64)
+    mu = None if mean is None else mean.to(x64.device, torch.float64)
+    if mu is not None:
+        x64 = x64 - mu
     r = None if rotation is None else rotation.to(x64.device, torch.float64)
     xr = x64 if r is None else _rotate(x64, r)
     codes, scales = quantize_int2(clip_rows(xr, clip_ratio), group_size, scale_dtype, lloyd_max)
     xq = dequantize_int2(codes, scales, group_size).to(torch.float64)
-    return xq if r is None else _rotate(xq, r.transpose(-1, -2))
+    xq = xq if r is None else _rotate(xq, r.transpose(-1, -2))
+    return xq if mu is None else xq + mu
 
 
 def _rotate(x: torch.Tensor, r: torch.Tensor) -> torch.Tensor:

@@ -45,7 +45,11 @@ def test_two_workers_equal_single_process(ray_cluster, tmp_path):
     # fp32-stored rotations from fp64 statistics equal to 1e-10: equal up to eigenvalue ties
     assert torch.allclose(a.k_rotation, b.k_rotation, atol=1e-4) and torch.allclose(a.v_rotation, b.v_rotation, atol=1e-4)
     assert torch.equal(a.k_clip, b.k_clip) and torch.equal(a.v_clip, b.v_clip)
-    assert RotationSet.load(tmp_path / "ray").manifest["token_count"] == 1024
+    # centring is on by default: the merged channel means equal the single-process ones
+    assert a.centred and torch.allclose(a.k_mean, b.k_mean, atol=1e-5) and torch.allclose(a.v_mean, b.v_mean, atol=1e-5)
+    assert float(a.k_mean.abs().max()) > 0.1  # SmolLM2's post-RoPE keys have real offsets
+    back = RotationSet.load(tmp_path / "ray")
+    assert back.manifest["token_count"] == 1024 and torch.equal(back.k_mean, a.k_mean)
     print("tokens/s per CPU worker:", dist.tokens_per_s)
 
 

@@ -124,18 +124,35 @@ class OscarAttnBackend(AttentionBackend):
         r_k, r_v, _, _ = self.pool.rotations.layer(layer.layer_id)
         return r_k, (None if self.pool.oscar.settings.absorb_v else r_v)
 
+    def _centre(self, layer, k, v):
+        """k, v − the calibrated channel means (exact, quant/centre.py); returns (k, v, μ_V or None)."""
+        means = self.pool.rotations.means(layer.layer_id, self.pool.oscar.settings.absorb_v)
+        h, d = layer.tp_k_head_num, layer.qk_head_dim
+        if means is None or k is None:
+            return k, v, None
+        mu_k, mu_v = means
+        return ((k.reshape(-1, h, d).float() - mu_k).to(k.dtype), (v.reshape(-1, h, d).float() - mu_v).to(v.dtype),
+                mu_v)
+
+    @staticmethod
+    def _uncentre(o: torch.Tensor, mu_v) -> torch.Tensor:
+        """o [N, Hq, d] + μ_V of each query head's KV head (Σ_t p_t = 1)."""
+        return o if mu_v is None else o + mu_v.repeat_interleave(o.shape[1] // mu_v.shape[0], dim=0)
+
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
         self._check_layer(layer)
+        k, v, mu_v = self._centre(layer, k, v)
         self._write(layer, k, v, save_kv_cache)
         hq, d = layer.tp_q_head_num, layer.qk_head_dim
         r_k, r_v = self._rotations(layer)
         o = int2_decode_attention(q.reshape(-1, hq, d), self.pool.paged_kv(layer.layer_id),
                                   self.forward_metadata.segments, k_rotation=r_k, v_rotation=r_v,
                                   sm_scale=layer.scaling)
-        return o.to(q.dtype).reshape(-1, hq * d)
+        return self._uncentre(o, mu_v).to(q.dtype).reshape(-1, hq * d)
 
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
         self._check_layer(layer)
+        k, v, mu_v = self._centre(layer, k, v)
         self._write(layer, k, v, save_kv_cache)
         hq, hkv, d = layer.tp_q_head_num, layer.tp_k_head_num, layer.qk_head_dim
         r_k, r_v = self._rotations(layer)
@@ -144,7 +161,7 @@ class OscarAttnBackend(AttentionBackend):
                                   self.pool.paged_kv(layer.layer_id), meta.segments, meta.qo_indptr,
                                   max_chunk=meta.max_chunk, k_rotation=r_k, v_rotation=r_v,
                                   sm_scale=layer.scaling)
-        return o.to(q.dtype).reshape(-1, hq * d)
+        return self._uncentre(o, mu_v).to(q.dtype).reshape(-1, hq * d)
 
 
 def create_oscar_backend(runner) -> OscarAttnBackend:

@@ -54,6 +54,17 @@ class RankRotations:
     v: torch.Tensor | None
     k_clip: tuple[float, ...]
     v_clip: tuple[float, ...]
+    # centring (quant/centre.py): μ_K, μ_V and μ_V·R_V, each [L, h_rank, d] fp32, or None
+    k_mean: torch.Tensor | None = None
+    v_mean: torch.Tensor | None = None
+    v_mean_rotated: torch.Tensor | None = None
+
+    def means(self, layer_id: int, absorbed_v: bool) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(μ_K, μ_V in the basis V reaches the backend in) of global layer `layer_id`, or None."""
+        if self.k_mean is None:
+            return None
+        i = layer_id - self.start_layer
+        return self.k_mean[i], (self.v_mean_rotated if absorbed_v else self.v_mean)[i]
 
     def layer(self, layer_id: int) -> tuple[torch.Tensor | None, torch.Tensor | None, float, float]:
         """(R_K, R_V, k clip, v clip) of global layer `layer_id`."""
@@ -66,7 +77,8 @@ class RankRotations:
 
     def to(self, device) -> "RankRotations":
         move = (lambda t: None if t is None else t.to(device))
-        return RankRotations(self.start_layer, move(self.k), move(self.v), self.k_clip, self.v_clip)
+        return RankRotations(self.start_layer, move(self.k), move(self.v), self.k_clip, self.v_clip,
+                             move(self.k_mean), move(self.v_mean), move(self.v_mean_rotated))
 
 
 def rank_rotations(rotations: RotationSet | None, *, n_layers: int, n_kv_heads: int, head_dim: int,
@@ -88,4 +100,10 @@ def rank_rotations(rotations: RotationSet | None, *, n_layers: int, n_kv_heads: 
     v = shard_rotation(rotations.v_rotation, n_kv_heads, tp_rank, tp_size)[start_layer:end]
     kc = tuple(float(x) for x in rotations.k_clip[start_layer:end]) if k_clip is None else (k_clip,) * n
     vc = tuple(float(x) for x in rotations.v_clip[start_layer:end]) if v_clip is None else (v_clip,) * n
-    return RankRotations(start_layer, k.contiguous(), v.contiguous(), kc, vc)
+    means = {}
+    if rotations.centred:
+        heads = kv_heads_of_rank(n_kv_heads, tp_rank, tp_size)
+        cut = lambda m: m[start_layer:end, heads.start:heads.stop].contiguous()  # noqa: E731
+        means = {"k_mean": cut(rotations.k_mean), "v_mean": cut(rotations.v_mean),
+                 "v_mean_rotated": cut(rotations.value_mean_rotated())}
+    return RankRotations(start_layer, k.contiguous(), v.contiguous(), kc, vc, **means)

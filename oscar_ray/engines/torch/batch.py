@@ -50,6 +50,10 @@ class StepBatch:
     store: KVStore
     items: list[StepItem]
     k_rotation: torch.Tensor | None  # [L, d, d] or [L, H_kv, d, d] fp32 on the device; None = BF16 baseline
+    # (μ_K [L, H_kv, d] post-RoPE, μ_V·R_V [L, H_kv, d]) on the device, or None: every key and value
+    # the cache holds is centred, which is exact (quant/centre.py) and lets INT2 spend its levels on
+    # what differs between tokens
+    means: tuple[torch.Tensor, torch.Tensor] | None = None
     positions: torch.Tensor = field(init=False)
     bounds: list[tuple[int, int]] = field(init=False)
 
@@ -142,7 +146,13 @@ class StepBatch:
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q [N, Hq, d], k/v [N, H_kv, d] (post-norm, post-RoPE; v in the R_V basis) → o [N, Hq, d] fp32."""
         r = None if self.k_rotation is None else self.k_rotation[layer]
-        q, k, v = rotate_heads(q, r), rotate_heads(k, r), v.to(torch.float32)
+        if self.means is None:
+            return self._attend(layer, rotate_heads(q, r), rotate_heads(k, r), v.to(torch.float32))
+        mu_k, mu_v = self.means[0][layer], self.means[1][layer]
+        out = self._attend(layer, rotate_heads(q, r), rotate_heads(k.float() - mu_k, r), v.float() - mu_v)
+        return out + mu_v.repeat_interleave(q.shape[1] // mu_v.shape[0], dim=0)  # Σ_t p_t = 1 per query head
+
+    def _attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         self.store.write(layer, k, v, self.int2_slots, self.bf16_slots)
         if not self.store.cpu:
             if self.decode_only:

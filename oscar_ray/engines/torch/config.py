@@ -28,6 +28,10 @@ class TorchEngineConfig(StrictModel):
         "under OSCAR_CACHE_DIR/rotations (Hadamard if the text cannot be fetched); 'hadamard': data-free "
         "Hadamard R_K = R_V = H (the QuaRot-INT2 baseline); 'identity': no rotation (naive INT2). Both "
         "baselines keep the INT2 format, clip ratios and sink/recent windows. Ignored for kv_cache=bf16.")
+    quick_calibration: Literal["best", "authors"] = Field(
+        "best", description="The calibration run when `rotations` is None. best: per-KV-head rotations, centred "
+        "keys/values, per-layer fitted clip ratios (SmolLM2 attention-output error 0.38); authors: the paper's "
+        "per-layer rotations and the fixed clip ratios of `cache` (0.67).")
     max_model_len: int = Field(2048, ge=16, description="Longest prompt + completion, tokens.")
     kv_cache_bytes: int = Field(256 * 2**20, ge=1, description="KV memory budget (both pools) when page counts "
                                 "are not given.")

@@ -49,7 +49,8 @@ def pool_sizes(cfg: TorchEngineConfig, geom: PageGeometry) -> tuple[int, int]:
     return max(0, left // geom.int2_page_bytes()), n16
 
 
-def engine_rotations(model, tokenizer, rotations: str | None, k_clip: float, v_clip: float):
+def engine_rotations(model, tokenizer, rotations: str | None, k_clip: float, v_clip: float, mode: str = "best",
+                     sink_tokens: int = 64):
     """The RotationSet for `TorchEngineConfig.rotations`: the two named baselines (same INT2 format,
     clip and windows as OSCAR, only the basis differs) or an artifact / the quick calibration."""
     if rotations == "hadamard":
@@ -60,7 +61,7 @@ def engine_rotations(model, tokenizer, rotations: str | None, k_clip: float, v_c
         rs.k_rotation, rs.v_rotation = eye.contiguous(), eye.contiguous()
         rs.manifest = {**rs.manifest, "objective": "identity"}
         return rs
-    return resolve_rotations(model, tokenizer, rotations, k_clip, v_clip)
+    return resolve_rotations(model, tokenizer, rotations, k_clip, v_clip, mode=mode, sink_tokens=sink_tokens)
 
 
 class EngineCore:
@@ -82,15 +83,18 @@ class EngineCore:
         c = cfg.cache
         oscar = cfg.kv_cache == "oscar"
         if oscar:
-            rs = engine_rotations(model, tokenizer, cfg.rotations, c.k_clip_ratio, c.v_clip_ratio)
+            rs = engine_rotations(model, tokenizer, cfg.rotations, c.k_clip_ratio, c.v_clip_ratio,
+                                  cfg.quick_calibration, c.sink_tokens)
             # a model passed in may already sit on the GPU; rotations load on the CPU
             absorb_value_rotation(model, rs.v_rotation.to(next(model.parameters()).device))
             self.rotations = rs
             self.k_rotation = rs.k_rotation.to(self.device, torch.float32)
+            self.means = None if not rs.centred else (rs.k_mean.to(self.device),
+                                                      rs.value_mean_rotated().to(self.device))
             k_clip, v_clip = rs.k_clip, rs.v_clip
             sink, recent = c.sink_tokens, c.recent_tokens
         else:
-            self.rotations, self.k_rotation = None, None
+            self.rotations, self.k_rotation, self.means = None, None, None
             k_clip = v_clip = torch.zeros(g.n_layers)
             # every page BF16: a recent window longer than any sequence means no history pages
             sink, recent = 0, -(-cfg.max_model_len // c.page_size) * c.page_size
@@ -115,7 +119,7 @@ class EngineCore:
     @torch.inference_mode()
     def forward(self, items: list[StepItem], tokens: torch.Tensor, logit_rows: torch.Tensor) -> torch.Tensor:
         """tokens [N] of the packed items → logits [len(logit_rows), V] float32."""
-        batch = StepBatch(self.store, items, self.k_rotation)
+        batch = StepBatch(self.store, items, self.k_rotation, self.means)
         out = self.model.model(input_ids=tokens[None].to(self.device), position_ids=batch.positions[None],
                                use_cache=False, oscar_step=batch)
         hidden = out.last_hidden_state[0, logit_rows.to(self.device)]

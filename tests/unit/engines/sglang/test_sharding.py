@@ -70,3 +70,18 @@ def test_rank_rotations_shared_and_identity(tmp_path, seed):
     assert ident.layer(0) == (None, None, 0.96, 0.92)
     with pytest.raises(ValueError, match="n_layers is 4 but the model has 6"):
         rank_rotations(rs, n_layers=6, n_kv_heads=2, head_dim=16, tp_rank=0, tp_size=1)
+
+
+def test_rank_rotations_cut_the_means_like_the_heads(tmp_path, seed):
+    base = _artifact(tmp_path, per_head=False)
+    rs = RotationSet(base.k_rotation, base.v_rotation, base.k_eigenvalues, base.v_eigenvalues, base.k_clip,
+                     base.v_clip, manifest={"n_kv_heads": 2}, k_mean=torch.randn(4, 2, 16), v_mean=torch.randn(4, 2, 16))
+    rr = rank_rotations(rs, n_layers=4, n_kv_heads=2, head_dim=16, tp_rank=1, tp_size=2, start_layer=1, end_layer=3)
+    mu_k, mu_v = rr.means(2, absorbed_v=False)
+    assert torch.equal(mu_k, rs.k_mean[2, 1:2]) and torch.equal(mu_v, rs.v_mean[2, 1:2])
+    _, mu_v_rot = rr.means(2, absorbed_v=True)  # the basis an absorbed W_v produces: μ_V·R_V
+    torch.testing.assert_close(mu_v_rot, rs.v_mean[2, 1:2] @ rs.v_rotation[2], rtol=1e-5, atol=1e-5)
+    # tp 4 > 2 heads: rank 2 replicates head 1
+    r4 = rank_rotations(rs, n_layers=4, n_kv_heads=2, head_dim=16, tp_rank=2, tp_size=4)
+    assert torch.equal(r4.to("cpu").means(0, False)[0], rs.k_mean[0, 1:2])
+    assert rank_rotations(base, n_layers=4, n_kv_heads=2, head_dim=16, tp_rank=0, tp_size=2).means(0, True) is None
