@@ -5,7 +5,9 @@ needle retrieval, every number read through the engine's own paged cache and sch
     .venv/bin/python benchmarks/quality_engine.py ppl    --out benchmarks/results/engine_ppl.json
     .venv/bin/python benchmarks/quality_engine.py needle --out benchmarks/results/engine_needle.json
 
-Caches ("methods"): bf16 (every page BF16), oscar (quick calibration on Emma, R = U·H·P), quarot
+Caches ("methods"): bf16 (every page BF16), oscar (the engine default: quick calibration on Emma in
+mode "best": per-KV-head R = U·H·P, centred keys/values, fitted clip), oscar-authors (the paper's
+settings: per-layer R = U·H·P, fixed clip K 0.96 / V 0.92, no centring), quarot
 (rotations: hadamard) and naive (rotations: identity); the three INT2 ones share the INT2 format,
 clip ratios (K 0.96 / V 0.92) and the sink 64 / recent 256 windows; quarot-noclip / naive-noclip
 are the same without clipping (the paper's baselines).
@@ -41,7 +43,7 @@ from oscar_ray.engines.torch import TorchEngineConfig  # noqa: E402
 from oscar_ray.engines.torch.core import EngineCore  # noqa: E402
 from oscar_ray.engines.torch.scheduler import Seq  # noqa: E402
 
-ROT = {"oscar": None, "quarot": "hadamard", "naive": "identity",
+ROT = {"oscar": None, "oscar-authors": None, "quarot": "hadamard", "naive": "identity",
        "quarot-noclip": "hadamard", "naive-noclip": "identity"}
 PAGE = 64
 
@@ -67,7 +69,8 @@ def make_core(method: str, n_seqs: int, max_len: int, sink: int = 64, recent: in
     cfg = TorchEngineConfig(model="smollm2", kv_cache="bf16" if method == "bf16" else "oscar",
                             rotations=ROT.get(method), max_model_len=max_len, max_num_seqs=n_seqs,
                             max_batched_tokens=256, max_queue=max(256, n_seqs), prefix_caching=False,
-                            num_threads=2, cache=cache, **pools)
+                            num_threads=2, cache=cache,
+                            quick_calibration="authors" if method == "oscar-authors" else "best", **pools)
     return EngineCore(cfg)
 
 
@@ -137,14 +140,22 @@ def cmd_agree(a) -> None:
     max_len = max(map(len, prompts)) + a.new + 1
     out = {"run": run_info(), "book": a.book, "n_prompts": a.n, "new_tokens": a.new,
            "prompt_tokens": [len(p) for p in prompts], "methods": {}}
+    if Path(a.out).exists() and a.resume:  # keep finished methods (each records its own commit)
+        old = json.loads(Path(a.out).read_text())
+        if old["prompt_tokens"] != out["prompt_tokens"]:
+            raise SystemExit(f"{a.out} holds other prompts: cannot resume")
+        out["methods"] = {m: v for m, v in old["methods"].items() if m not in a.redo}
     for m in a.methods:
+        if m in out["methods"]:
+            continue
         t0 = time.time()
         res = drive(make_core(m, a.n, max_len), [(p, None, a.new) for p in prompts])
-        out["methods"][m] = {"tokens": [r["gen"] for r in res], "wall_s": round(time.time() - t0, 1)}
+        out["methods"][m] = {"tokens": [r["gen"] for r in res], "wall_s": round(time.time() - t0, 1),
+                             "commit": out["run"]["commit"]}
         save(a.out, out)
         print(m, "done", out["methods"][m]["wall_s"], "s", flush=True)
     ref = out["methods"]["bf16"]["tokens"]
-    for m in a.methods:
+    for m in out["methods"]:
         if m == "bf16":
             continue
         got = out["methods"][m]["tokens"]
@@ -163,8 +174,9 @@ def cmd_ppl(a) -> None:
     tok = load_tokenizer("smollm2")
     ids = book_ids(tok, a.book)
     out = {"run": run_info(), "book": a.book, "scored_per_window": a.score, "cells": {}}
-    if Path(a.out).exists() and a.resume:
-        out["cells"] = json.loads(Path(a.out).read_text())["cells"]
+    if Path(a.out).exists() and a.resume:  # keep finished cells (each records its own commit)
+        out["cells"] = {k: v for k, v in json.loads(Path(a.out).read_text())["cells"].items()
+                        if k.split("@")[0] not in a.redo}
     for ctx in a.contexts:
         # windows from spread-out offsets; the last `score` tokens of each are decode-scored
         stride = (len(ids) - ctx) // max(1, a.windows)
@@ -182,7 +194,7 @@ def cmd_ppl(a) -> None:
                 out["cells"][key] = {"method": m, "context": ctx, "sink": sink, "ppl": math.exp(nll), "nll": nll,
                                      "window_nll": [-sum(x) / len(x) for x in lps], "n_tokens": sum(map(len, lps)),
                                      "argmax": [r["argmax"][1:] for r in res],
-                                     "wall_s": round(time.time() - t0, 1)}
+                                     "wall_s": round(time.time() - t0, 1), "commit": out["run"]["commit"]}
                 save(a.out, out)
                 print(key, round(math.exp(nll), 3), out["cells"][key]["wall_s"], "s", flush=True)
 
@@ -221,12 +233,19 @@ def cmd_needle(a) -> None:
                 prompts.append({"context": ctx, "depth": depth, "needle": k, "code": code, "len": len(p), "ids": p})
     out = {"run": run_info(), "book": a.book, "prompts": [{k: v for k, v in p.items() if k != "ids"} for p in prompts],
            "methods": {}}
+    if Path(a.out).exists() and a.resume:  # keep finished methods (each records its own commit)
+        old = json.loads(Path(a.out).read_text())
+        if old["prompts"] != out["prompts"]:
+            raise SystemExit(f"{a.out} holds other prompts: cannot resume")
+        out["methods"] = {m: v for m, v in old["methods"].items() if m.split("@")[0] not in a.redo}
     max_len = max(p["len"] for p in prompts) + a_new() + 1
     runs = [(m, 64, prompts) for m in a.methods]
     if "oscar" in a.methods and a.sink0_contexts:
         runs.append(("oscar", 0, [p for p in prompts if p["context"] in a.sink0_contexts]))
     for m, sink, todo in runs:
         key = m + ("" if sink == 64 else f"@sink{sink}")
+        if key in out["methods"]:
+            continue
         t0 = time.time()
         res = []
         for lo in range(0, len(todo), a.batch):  # batches bound the pools' memory (BF16: 188 MiB per 8K)
@@ -235,7 +254,8 @@ def cmd_needle(a) -> None:
         answers = [tok.decode(r["gen"]) for r in res]
         hits = [p["code"] in ans for p, ans in zip(todo, answers)]
         out["methods"][key] = {"prompts": [prompts.index(p) for p in todo], "answers": answers, "hits": hits,
-                               "rate": sum(hits) / len(hits), "wall_s": round(time.time() - t0, 1)}
+                               "rate": sum(hits) / len(hits), "wall_s": round(time.time() - t0, 1),
+                               "commit": out["run"]["commit"]}
         save(a.out, out)
         print(key, "retrieval", round(sum(hits) / len(hits), 3), out["methods"][key]["wall_s"], "s", flush=True)
 
@@ -257,7 +277,6 @@ def main() -> None:
     p.add_argument("--book", default="prideprejudice")
     p.add_argument("--methods", nargs="+", default=["bf16", "oscar", "quarot", "naive"])
     p.add_argument("--sink0-contexts", type=int, nargs="*", default=[4096], help="also OSCAR with sink_tokens 0 here")
-    p.add_argument("--resume", action="store_true")
     n = sub.add_parser("needle")
     n.add_argument("--contexts", type=int, nargs="+", default=[2048, 4096, 6144, 8192])
     n.add_argument("--depths", type=int, nargs="+", default=[10, 30, 50, 70, 90])
@@ -269,6 +288,8 @@ def main() -> None:
     n.add_argument("--sink0-contexts", type=int, nargs="*", default=[2048, 4096])
     for s in (g, p, n):
         s.add_argument("--out", required=True)
+        s.add_argument("--resume", action="store_true", help="keep what --out already holds")
+        s.add_argument("--redo", nargs="*", default=[], help="with --resume: methods to measure again")
     a = ap.parse_args()
     {"agree": cmd_agree, "ppl": cmd_ppl, "needle": cmd_needle}[a.cmd](a)
 

@@ -10,7 +10,8 @@ import statistics
 import sys
 from pathlib import Path
 
-NAMES = {"bf16": "BF16 cache", "oscar": "OSCAR", "quarot": "QuaRot-INT2 (Hadamard) + clip",
+NAMES = {"bf16": "BF16 cache", "oscar": "OSCAR (engine default: per KV head, centred, fitted clip)",
+         "oscar-authors": "OSCAR (authors' settings)", "quarot": "QuaRot-INT2 (Hadamard) + clip",
          "naive": "naive INT2 (no rotation) + clip",
          "quarot-noclip": "QuaRot-INT2 (Hadamard), no clip", "naive-noclip": "naive INT2, no clip"}
 
@@ -74,7 +75,8 @@ def ppl(d: dict, title: str = "") -> list[str]:
         out.append(f"| {NAMES[m]}{tag} | " + " | ".join(p) + " | " + " | ".join(dp) + " |")
     out += ["", "Per-window NLL (nats/token):", ""]
     for k, c in cells.items():
-        out.append(f"- {k}: " + ", ".join(f"{x:.3f}" for x in c["window_nll"]) + f" (wall {c['wall_s']} s)")
+        out.append(f"- {k}: " + ", ".join(f"{x:.3f}" for x in c["window_nll"]) + f" (wall {c['wall_s']} s"
+                   + (f", commit {c['commit']})" if "commit" in c else ")"))
     out += ["", "QuaRot-INT2 vs OSCAR:", ""]
     for c in ctxs:
         o, q, b = cells.get(f"oscar@{c}"), cells.get(f"quarot@{c}"), base[c]
@@ -100,7 +102,8 @@ def needle(d: dict, title: str = "") -> list[str]:
         for i, h in zip(v["prompts"], v["hits"]):
             hit[(prompts[i]["context"], prompts[i]["depth"])].append(h)
         cs = sorted({c for c, _ in hit})
-        out += [f"**{key}** — retrieval {sum(v['hits'])}/{len(v['hits'])} = {v['rate']:.0%} (wall {v['wall_s']} s)",
+        out += [f"**{key}** — retrieval {sum(v['hits'])}/{len(v['hits'])} = {v['rate']:.0%} (wall {v['wall_s']} s"
+                + (f", commit {v['commit']})" if "commit" in v else ")"),
                 "",
                 "| context | " + " | ".join(f"{x}%" for x in depths) + " | row |", "|---|" + "---|" * (len(depths) + 1)]
         for c in cs:
