@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 
 NAMES = {"bf16": "BF16 cache", "oscar": "OSCAR (engine default: per KV head, centred, fitted clip)",
-         "oscar-authors": "OSCAR (authors' settings)", "quarot": "QuaRot-INT2 (Hadamard) + clip",
+         "oscar-authors": "OSCAR (authors' settings)",
+         "oscar-g32": "OSCAR, 2 groups of 32 per row (3.0 bits), no K clip", "quarot": "QuaRot-INT2 (Hadamard) + clip",
          "naive": "naive INT2 (no rotation) + clip",
          "quarot-noclip": "QuaRot-INT2 (Hadamard), no clip", "naive-noclip": "naive INT2, no clip"}
 
