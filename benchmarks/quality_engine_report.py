@@ -124,6 +124,7 @@ def main() -> None:
     parts = []
     for name, fn in (("engine_agree_smollm2.json", agree), ("engine_ppl_smollm2.json", ppl),
                      ("engine_ppl_smollm2_w4.json", lambda d: ppl(d, "b")),
+                     ("engine_ppl_smollm2_8k_w4.json", lambda d: ppl(d, "c")),
                      ("engine_needle_smollm2.json", lambda d: needle(d, "a")),
                      ("engine_needle_smollm2_more.json", lambda d: needle(d, "b")),
                      ("engine_needle_smollm2_long.json", lambda d: needle(d, "c"))):
