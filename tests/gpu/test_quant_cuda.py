@@ -36,3 +36,25 @@ def test_clip_fit_takes_cuda_activations_and_matches_cpu(seed):
     gpu.update(k.cuda(), v.cuda())
     assert gpu.k_err.device.type == "cpu" and gpu.best() == cpu.best()
     assert torch.allclose(gpu.k_err, cpu.k_err, rtol=1e-9) and torch.allclose(gpu.v_err, cpu.v_err, rtol=1e-9)
+
+
+def test_centred_quantisers_take_cuda_activations(seed):
+    # the calibrated means live on the CPU (artifact); centring must follow the activations' device
+    from oscar_ray.quant import ChannelMean, ClipFit, fake_quantize
+
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(512, 2, 64, generator=g, dtype=torch.float64)
+    c_q = torch.einsum("thi,thj->hij", q, q) / 512
+    r = torch.linalg.qr(torch.randn(64, 64, generator=g, dtype=torch.float64))[0]
+    k, v = torch.randn(2, 256, 2, 64, generator=g, dtype=torch.float64) + 5.0
+    mean = ChannelMean(2, 64, skip=16)
+    mean.update(k.cuda())
+    mu = mean.mean()
+    assert mu.device.type == "cpu" and torch.allclose(mu, k[16:].mean(0))
+    cpu, gpu = ClipFit(c_q, r, r, k_mean=mu, v_mean=mu), ClipFit(c_q, r, r, k_mean=mu, v_mean=mu)
+    cpu.update(k, v)
+    gpu.update(k.cuda(), v.cuda())
+    assert gpu.best() == cpu.best() and torch.allclose(gpu.k_err, cpu.k_err, rtol=1e-9)
+    # fp64 rotations round differently on the GPU: allow the rare code flip at a rounding boundary
+    diff = (fake_quantize(k.cuda(), r, 0.9, mean=mu).cpu() - fake_quantize(k, r, 0.9, mean=mu)).abs()
+    assert float((diff > 1e-5).double().mean()) < 1e-3
