@@ -60,7 +60,10 @@ def run_info() -> dict:
 # oscar-g32: the default calibration with two (s, z) groups of 32 per row of 64 (3.0 bits/element
 # instead of 2.5, the paper's two groups per row at d 128) and no key clipping: a scratch sweep of
 # 10 needles found key clipping costs retrieval once rows have two groups (4/10 → 7/10)
-VARIANTS = {"oscar-g32": {"group_size": 32, "k_clip": 0.0}}
+# oscar-long: the default calibration on 2 × 4096 tokens instead of 4 × 512, so the post-RoPE means
+# and statistics also see late positions
+VARIANTS = {"oscar-g32": {"group_size": 32, "k_clip": 0.0},
+            "oscar-long": {"group_size": None, "k_clip": None, "seq_len": 4096, "n_seqs": 2}}
 
 
 def variant_rotations(method: str, sink: int) -> str:
@@ -74,8 +77,9 @@ def variant_rotations(method: str, sink: int) -> str:
     path = cache_dir() / "rotations-variants" / f"{method}-sink{sink}"
     if not (path / "manifest.json").is_file():
         model, tok = load_model("smollm2")
-        rs = quick_calibration(model, tok, 0.96, 0.92, mode="best", sink_tokens=sink)
-        k_clip = torch.full_like(rs.k_clip, v["k_clip"])
+        lengths = {k: v[k] for k in ("seq_len", "n_seqs") if k in v}
+        rs = quick_calibration(model, tok, 0.96, 0.92, mode="best", sink_tokens=sink, **lengths)
+        k_clip = rs.k_clip if v["k_clip"] is None else torch.full_like(rs.k_clip, v["k_clip"])
         RotationSet(rs.k_rotation, rs.v_rotation, rs.k_eigenvalues, rs.v_eigenvalues, k_clip, rs.v_clip,
                     manifest={**{k: x for k, x in rs.manifest.items() if k != "sha256"}, "variant": method},
                     k_mean=rs.k_mean, v_mean=rs.v_mean).save(path)
@@ -87,7 +91,8 @@ def make_core(method: str, n_seqs: int, max_len: int, sink: int = 64, recent: in
     cache = {"sink_tokens": sink, "recent_tokens": recent, "page_size": PAGE}
     rotations = ROT.get(method)
     if method in VARIANTS:
-        cache["group_size"] = VARIANTS[method]["group_size"]
+        if VARIANTS[method]["group_size"]:
+            cache["group_size"] = VARIANTS[method]["group_size"]
         rotations = variant_rotations(method, sink)
     if method.endswith("-noclip"):  # the paper's baselines clip nothing (OSCAR_SPEC §7.1)
         cache.update(k_clip_ratio=0.0, v_clip_ratio=0.0)
