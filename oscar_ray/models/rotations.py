@@ -83,8 +83,9 @@ def quick_calibration(model, tokenizer, k_clip: float, v_clip: float, book: str 
 
     def pass_one(layer, q, k, v):
         c_q.setdefault(layer, QueryMoment(g.n_kv_heads, g.head_dim, n_q_heads=g.n_q_heads)).update(q)
-        mk, mv = means.setdefault(layer, tuple(ChannelMean(g.n_kv_heads, g.head_dim, sink_tokens) for _ in "kv"))
-        mk.update(k), mv.update(v)
+        if best:  # the authors' mode stores no means
+            mk, mv = means.setdefault(layer, tuple(ChannelMean(g.n_kv_heads, g.head_dim, sink_tokens) for _ in "kv"))
+            mk.update(k), mv.update(v)
 
     _run(model, seqs, pass_one)
     per_head = {l: m.per_head() for l, m in c_q.items()}

@@ -3,7 +3,7 @@
 from .artifact import ModelGeometry, RotationSet
 from .attention import reference_attention
 from .baselines import kivi2, naive_int2, oscar_int2, per_channel_int2, quarot_int2
-from .centre import ChannelMean, centred
+from .centre import ChannelMean, add_value_mean, centred
 from .clip import clip_index, clip_rows
 from .clipfit import ClipFit
 from .hadamard import bit_reversal_permutation, bit_reverse_indices, hadamard, permutation_matrix
@@ -14,7 +14,7 @@ from .stats import QueryMoment, ValueTargetDiag, ValueTargetSoftmax
 
 __all__ = [
     "COMPOSITIONS", "ChannelMean", "ClipFit", "ModelGeometry", "QueryMoment", "RotationSet", "ValueTargetDiag",
-    "ValueTargetSoftmax", "attention_output_error", "bit_reversal_permutation", "bit_reverse_indices",
+    "ValueTargetSoftmax", "add_value_mean", "attention_output_error", "bit_reversal_permutation", "bit_reverse_indices",
     "bits_per_element", "centred", "clip_index", "clip_rows", "dequantize_int2", "eigh_sorted", "fake_quantize",
     "fit_rotation", "hadamard", "int2_region_bits", "kivi2", "logit_error", "naive_int2", "oscar_int2",
     "orthogonality_error", "pack_int2", "per_channel_int2", "permutation_matrix", "quantize_int2",

@@ -60,3 +60,11 @@ class ChannelMean:
 def centred(x: torch.Tensor, mean: torch.Tensor | None) -> torch.Tensor:
     """x [T, Hkv, d] − mean ([Hkv, d] or [d]); None leaves x as it is."""
     return x if mean is None else x - mean.to(x.device, x.dtype)
+
+
+def add_value_mean(out: torch.Tensor, v_mean: torch.Tensor | None) -> torch.Tensor:
+    """Attention output out [T, Hq, d] over centred values + μ_V [Hkv, d] of each query head's KV
+    head (query head j reads KV head j // (Hq / Hkv)); exact because the weights sum to 1."""
+    if v_mean is None:
+        return out
+    return out + v_mean.to(out.device, out.dtype).repeat_interleave(out.shape[1] // v_mean.shape[0], dim=0)

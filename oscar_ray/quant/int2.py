@@ -117,18 +117,16 @@ def fake_quantize(
 ) -> torch.Tensor:
     """x̂ = Q₂(clip((x − μ)·R))·Rᵀ + μ in x's original basis, float64.  x: [T, H, d]; R: [d, d] or
     [H, d, d]; mean μ: [H, d] or [d] channel means (centre.py), None for none."""
+    from .centre import centred
     from .clip import clip_rows
 
-    x64 = x.to(torch.float64)
-    mu = None if mean is None else mean.to(x64.device, torch.float64)
-    if mu is not None:
-        x64 = x64 - mu
+    x64 = centred(x.to(torch.float64), mean)
     r = None if rotation is None else rotation.to(x64.device, torch.float64)
     xr = x64 if r is None else _rotate(x64, r)
     codes, scales = quantize_int2(clip_rows(xr, clip_ratio), group_size, scale_dtype, lloyd_max)
     xq = dequantize_int2(codes, scales, group_size).to(torch.float64)
     xq = xq if r is None else _rotate(xq, r.transpose(-1, -2))
-    return xq if mu is None else xq + mu
+    return xq if mean is None else xq + mean.to(xq.device, xq.dtype)
 
 
 def _rotate(x: torch.Tensor, r: torch.Tensor) -> torch.Tensor:

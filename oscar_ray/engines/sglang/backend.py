@@ -24,6 +24,7 @@ import torch
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 
 from oscar_ray.kernels import Segments, int2_decode_attention, int2_extend_attention
+from oscar_ray.quant.centre import add_value_mean, centred
 
 from .pool import OscarMHATokenToKVPool
 from .tables import WritePlan, build_segments, plan_writes
@@ -127,17 +128,12 @@ class OscarAttnBackend(AttentionBackend):
     def _centre(self, layer, k, v):
         """k, v − the calibrated channel means (exact, quant/centre.py); returns (k, v, μ_V or None)."""
         means = self.pool.rotations.means(layer.layer_id, self.pool.oscar.settings.absorb_v)
-        h, d = layer.tp_k_head_num, layer.qk_head_dim
         if means is None or k is None:
             return k, v, None
         mu_k, mu_v = means
-        return ((k.reshape(-1, h, d).float() - mu_k).to(k.dtype), (v.reshape(-1, h, d).float() - mu_v).to(v.dtype),
-                mu_v)
-
-    @staticmethod
-    def _uncentre(o: torch.Tensor, mu_v) -> torch.Tensor:
-        """o [N, Hq, d] + μ_V of each query head's KV head (Σ_t p_t = 1)."""
-        return o if mu_v is None else o + mu_v.repeat_interleave(o.shape[1] // mu_v.shape[0], dim=0)
+        h, d = layer.tp_k_head_num, layer.qk_head_dim
+        k = centred(k.reshape(-1, h, d).float(), mu_k).to(k.dtype)
+        return k, centred(v.reshape(-1, h, d).float(), mu_v).to(v.dtype), mu_v
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
         self._check_layer(layer)
@@ -148,7 +144,7 @@ class OscarAttnBackend(AttentionBackend):
         o = int2_decode_attention(q.reshape(-1, hq, d), self.pool.paged_kv(layer.layer_id),
                                   self.forward_metadata.segments, k_rotation=r_k, v_rotation=r_v,
                                   sm_scale=layer.scaling)
-        return self._uncentre(o, mu_v).to(q.dtype).reshape(-1, hq * d)
+        return add_value_mean(o, mu_v).to(q.dtype).reshape(-1, hq * d)
 
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
         self._check_layer(layer)
@@ -161,7 +157,7 @@ class OscarAttnBackend(AttentionBackend):
                                   self.pool.paged_kv(layer.layer_id), meta.segments, meta.qo_indptr,
                                   max_chunk=meta.max_chunk, k_rotation=r_k, v_rotation=r_v,
                                   sm_scale=layer.scaling)
-        return self._uncentre(o, mu_v).to(q.dtype).reshape(-1, hq * d)
+        return add_value_mean(o, mu_v).to(q.dtype).reshape(-1, hq * d)
 
 
 def create_oscar_backend(runner) -> OscarAttnBackend:

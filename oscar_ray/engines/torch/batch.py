@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from oscar_ray.cache import PageKind, Segments as PageSegments
 from oscar_ray.kernels.layout import Segments
 from oscar_ray.kernels.reference import rotate_heads
+from oscar_ray.quant.centre import add_value_mean, centred
 
 from .kvstore import KVStore
 
@@ -149,8 +150,9 @@ class StepBatch:
         if self.means is None:
             return self._attend(layer, rotate_heads(q, r), rotate_heads(k, r), v.to(torch.float32))
         mu_k, mu_v = self.means[0][layer], self.means[1][layer]
-        out = self._attend(layer, rotate_heads(q, r), rotate_heads(k.float() - mu_k, r), v.float() - mu_v)
-        return out + mu_v.repeat_interleave(q.shape[1] // mu_v.shape[0], dim=0)  # Σ_t p_t = 1 per query head
+        k, v = rotate_heads(centred(k.float(), mu_k), r), centred(v.float(), mu_v)
+        out = self._attend(layer, rotate_heads(q, r), k, v)
+        return add_value_mean(out, mu_v)
 
     def _attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         self.store.write(layer, k, v, self.int2_slots, self.bf16_slots)

@@ -6,8 +6,8 @@ import json
 import pytest
 import torch
 
-from oscar_ray.quant import (ChannelMean, ModelGeometry, RotationSet, fit_rotation, oscar_int2,
-                             reference_attention)
+from oscar_ray.quant import (ChannelMean, ModelGeometry, RotationSet, add_value_mean, centred, fit_rotation,
+                             oscar_int2, reference_attention)
 from oscar_ray.quant.artifact import MANIFEST_FILE
 
 
@@ -37,7 +37,7 @@ def test_centring_is_exact_under_softmax(seed):
         torch.randn(40, 2, 16, dtype=torch.float64)
     mu_k, mu_v = 5 * torch.randn(2, 16, dtype=torch.float64), 5 * torch.randn(2, 16, dtype=torch.float64)
     ref = reference_attention(q, k, v)
-    out = reference_attention(q, k - mu_k, v - mu_v) + mu_v.repeat_interleave(2, 0)
+    out = add_value_mean(reference_attention(q, centred(k, mu_k), centred(v, mu_v)), mu_v)
     torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
 
 
@@ -71,7 +71,7 @@ def test_artifact_round_trip_with_means(tmp_path, seed, per_head):
     assert back.centred and back.manifest["centred"] and back.manifest["format_version"] == 2
     assert torch.equal(back.k_mean, rs.k_mean) and torch.equal(back.v_mean, rs.v_mean)
     # μ_V in the R_V basis, the one the cache sees after value absorption
-    r = rs.v_rotation.double() if not per_head else rs.v_rotation.double()
+    r = rs.v_rotation.double()
     want = (torch.einsum("lhi,lij->lhj", rs.v_mean.double(), r) if not per_head
             else torch.einsum("lhi,lhij->lhj", rs.v_mean.double(), r))
     torch.testing.assert_close(back.value_mean_rotated().double(), want, rtol=1e-6, atol=1e-6)
