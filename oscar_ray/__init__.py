@@ -23,6 +23,8 @@ _EXPORTS = {
     "ValueTargetSoftmax": "oscar_ray.quant",
     "quantize_int2": "oscar_ray.quant",
     "dequantize_int2": "oscar_ray.quant",
+    "feedback_factor": "oscar_ray.quant",
+    "quantize_int2_feedback": "oscar_ray.quant",
     "pack_int2": "oscar_ray.quant",
     "unpack_int2": "oscar_ray.quant",
     "clip_rows": "oscar_ray.quant",

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..quant import ChannelMean, ClipFit, QueryMoment, RotationSet, ValueTargetDiag, ValueTargetSoftmax, fit_rotation
+from ..quant import ChannelMean, ClipFit, feedback_factor, QueryMoment, RotationSet, ValueTargetDiag, ValueTargetSoftmax, fit_rotation
 from ..models.loader import AttentionGeometry
 
 VALUE_TARGETS = ("diag", "softmax")
@@ -77,6 +77,17 @@ def fit_layers(c_q: dict[int, QueryMoment], c_s: dict[int, object], composition:
     return out
 
 
+def key_feedback_factors(fits: dict, c_q: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
+    """{layer: [Hkv, d, d]} query-aware rounding factors (quant/feedback.py) of the fitted key
+    rotations: the metric is C_Q,h in the rotated basis, R_hᵀ C_Q,h R_h."""
+    out = {}
+    for layer, fit in fits.items():
+        r = fit[0].to(torch.float64)
+        r = r.expand(c_q[layer].shape[0], -1, -1) if r.ndim == 2 else r
+        out[layer] = feedback_factor(r.transpose(-1, -2) @ c_q[layer].to(torch.float64) @ r)
+    return out
+
+
 def to_rotation_set(fits: dict, k_clip: dict[int, float], v_clip: dict[int, float], manifest: dict,
                     means: tuple[dict, dict] | None = None) -> RotationSet:
     """means: ({layer: [Hkv, d] key mean}, {layer: value mean}) to centre the cache, or None."""
@@ -100,15 +111,20 @@ class ClipFitStats:
     group_size: int | None = None
     scale_dtype: str = "float16"
     means: tuple[dict, dict] | None = None  # ({layer: μ_K}, {layer: μ_V}) when the cache centres
+    k_feedback: dict[int, torch.Tensor] | None = None  # {layer: [Hkv, d, d]} query-aware key rounding
+    key_objective: str = "logit"
+    sink_tokens: int = 0
     clip: dict[int, ClipFit] = field(default_factory=dict)
 
     def sink(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         if layer not in self.clip:
             r_k, r_v = self.fits[layer][0], self.fits[layer][1]
             mk, mv = (None, None) if self.means is None else (self.means[0][layer], self.means[1][layer])
+            fb = None if self.k_feedback is None else self.k_feedback[layer]
             self.clip[layer] = ClipFit(self.c_q[layer], r_k, r_v, group_size=self.group_size,
-                                       scale_dtype=self.scale_dtype, k_mean=mk, v_mean=mv)
-        self.clip[layer].update(k, v)
+                                       scale_dtype=self.scale_dtype, k_mean=mk, v_mean=mv, k_feedback=fb,
+                                       key_objective=self.key_objective, sink=self.sink_tokens)
+        self.clip[layer].update(k, v, q)
 
     def best(self) -> tuple[dict[int, float], dict[int, float]]:
         picks = {l: f.best() for l, f in self.clip.items()}

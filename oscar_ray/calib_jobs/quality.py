@@ -20,11 +20,14 @@ from ..quant import hadamard, kivi2, logit_error, naive_int2, oscar_int2, quarot
 from ..quant.int2 import fake_quantize
 from .capture import run_sequences
 from .data import book_sequences
-from .fit import ClipFitStats, PassOneStats, PassTwoStats, fit_layers
+from .fit import ClipFitStats, PassOneStats, PassTwoStats, fit_layers, key_feedback_factors
 
+# BEST's rotations and means with query-aware key rounding (quant/feedback.py) and key clip ratios
+# fitted on the attention-output error; math core only so far, the cache's write kernels round nearest
+QUERY_AWARE = "OSCAR (per KV head, centred, query-aware rounding)"
 METHODS = ("naive INT2", "QuaRot-INT2", "QuaRot-INT2 + clip", "KIVI-2", "OSCAR", "OSCAR (exact C_S)",
            "OSCAR (fitted clip)", "OSCAR (per KV head)",
-           "OSCAR (per KV head, fitted clip)", "OSCAR (centred)", "OSCAR (per KV head, centred, fitted clip)")
+           "OSCAR (per KV head, fitted clip)", "OSCAR (centred)", "OSCAR (per KV head, centred, fitted clip)", QUERY_AWARE)
 # what `oscar-ray calibrate` writes with per_kv_head, clip_mode fit and centre on
 BEST = "OSCAR (per KV head, centred, fitted clip)"
 
@@ -75,7 +78,7 @@ class QualityResult:
         return total
 
 
-def _quantisers(fits, fitted_clip, cfg, means, centred_clip) -> dict[str, Callable]:
+def _quantisers(fits, fitted_clip, cfg, means, centred_clip, feedback=None, qa_clip=None) -> dict[str, Callable]:
     c = cfg.cache
     gs, sd = c.group_size, c.scale_dtype
 
@@ -102,6 +105,9 @@ def _quantisers(fits, fitted_clip, cfg, means, centred_clip) -> dict[str, Callab
                                                                       fitted_clip[1][layer]),
         "OSCAR (centred)": lambda layer, k, v: oscar(layer, k, v, centre=True),
         BEST: lambda layer, k, v: oscar(layer, k, v, 2, centred_clip[0][layer], centred_clip[1][layer], centre=True),
+        QUERY_AWARE: lambda layer, k, v: oscar_int2(
+            k, v, fits[2][layer][0], fits[2][layer][1], qa_clip[0][layer], centred_clip[1][layer], gs, sd, False,
+            means[0][layer], means[1][layer], feedback[layer]),
     }
 
 
@@ -129,20 +135,23 @@ def run_quality(cfg: QualityConfig, log: Callable[[str], None] = print, model=No
     fits_head = fit_layers(p1.c_q, p2.c_s_diag, per_kv_head=True)
 
     fitted = ({l: cfg.cache.k_clip_ratio for l in fits_diag}, {l: cfg.cache.v_clip_ratio for l in fits_diag})
-    centred_clip = fitted
+    centred_clip = qa_clip = fitted
+    feedback = key_feedback_factors(fits_head, c_q_heads)
     if clip_seqs:
         log(f"clip fit on {len(clip_seqs)} held-out calibration sequence(s)")
         cs = ClipFitStats(fits_diag, c_q_heads, cfg.cache.group_size, cfg.cache.scale_dtype)
         cs_best = ClipFitStats(fits_head, c_q_heads, cfg.cache.group_size, cfg.cache.scale_dtype, means)
+        cs_qa = ClipFitStats(fits_head, c_q_heads, cfg.cache.group_size, cfg.cache.scale_dtype, means, feedback,
+                             key_objective="attention", sink_tokens=cfg.cache.sink_tokens)
 
-        def both(layer, q, k, v):
-            cs.sink(layer, q, k, v)
-            cs_best.sink(layer, q, k, v)
+        def fits_all(layer, q, k, v):
+            for acc in (cs, cs_best, cs_qa):
+                acc.sink(layer, q, k, v)
 
-        run_sequences(model, clip_seqs, both)
-        fitted, centred_clip = cs.best(), cs_best.best()
+        run_sequences(model, clip_seqs, fits_all)
+        fitted, centred_clip, qa_clip = cs.best(), cs_best.best(), cs_qa.best()
 
-    quantisers = _quantisers((fits_diag, fits_soft, fits_head), fitted, cfg, means, centred_clip)
+    quantisers = _quantisers((fits_diag, fits_soft, fits_head), fitted, cfg, means, centred_clip, feedback, qa_clip)
     errors = {name: {} for name in METHODS}
 
     n_sink = cfg.cache.sink_tokens
@@ -163,4 +172,4 @@ def run_quality(cfg: QualityConfig, log: Callable[[str], None] = print, model=No
                          {"fit": len(fit_seqs) * cfg.seq_len, "clip_fit": len(clip_seqs) * cfg.seq_len,
                           "eval": len(evals) * cfg.seq_len},
                          errors, {"k": fitted[0], "v": fitted[1], "k_centred": centred_clip[0],
-                                  "v_centred": centred_clip[1]}, time.time() - t0)
+                                  "v_centred": centred_clip[1], "k_query_aware": qa_clip[0]}, time.time() - t0)

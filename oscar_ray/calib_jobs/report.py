@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 from ..quant import int2_region_bits
-from .quality import BEST, METHODS, QualityResult
+from .quality import BEST, METHODS, QUERY_AWARE, QualityResult
 
 
 def _commit() -> str:
@@ -48,20 +48,26 @@ def markdown(res: QualityResult) -> str:
                      f"{o.attention_error / naive:.3f}× | {o.attention_error / quarot:.3f}× |")
     lines.append("")
     for name, what in (("OSCAR", "the authors' settings"), (BEST, "what `oscar-ray calibrate` writes by default "
-                                                             "with per_kv_head and clip_mode fit")):
+                                                             "with per_kv_head and clip_mode fit"),
+                       (QUERY_AWARE, "the same rotations and means, keys rounded query-aware; math core, not yet "
+                                     "in the cache's write kernels")):
         e = res.overall(name).attention_error
         lines.append(f"Targets for {name} ({what}): ≤ ½ of QuaRot-INT2 ({e / quarot:.3f}×: "
                      f"{'met' if e <= quarot / 2 else 'missed'}) and ≤ ¼ of naive INT2 "
                      f"({e / naive:.3f}×: {'met' if e <= naive / 4 else 'missed'}).")
     lines += ["", "Centred rows subtract per-KV-head key/value channel means measured on the calibration "
-              "tokens before INT2 (exact under softmax: oscar_ray/quant/centre.py).", "",
+              "tokens before INT2 (exact under softmax: oscar_ray/quant/centre.py). Query-aware rounding keeps "
+              "the stored (s, z) grid and picks each key code to minimise the logit error e·RᵀC_Q R·eᵀ, "
+              "passing each element's rounding error on to the later elements (oscar_ray/quant/feedback.py); "
+              "its key clip ratios are fitted on the attention-output error.", "",
               "## Per layer: attention-output error", "",
-              "| layer | " + " | ".join(METHODS) + " | fitted clip K/V | centred fitted clip K/V |",
-              "|---|" + "---|" * (len(METHODS) + 2)]
+              "| layer | " + " | ".join(METHODS) + " | fitted clip K/V | centred fitted clip K/V | query-aware K |",
+              "|---|" + "---|" * (len(METHODS) + 3)]
     for layer in sorted(res.errors["OSCAR"]):
         cells = " | ".join(f"{res.errors[m][layer].attention_error:.4f}" for m in METHODS)
         lines.append(f"| {layer} | {cells} | {res.clip['k'][layer]:.2f}/{res.clip['v'][layer]:.2f} | "
-                     f"{res.clip['k_centred'][layer]:.2f}/{res.clip['v_centred'][layer]:.2f} |")
+                     f"{res.clip['k_centred'][layer]:.2f}/{res.clip['v_centred'][layer]:.2f} | "
+                     f"{res.clip['k_query_aware'][layer]:.2f} |")
     return "\n".join(lines) + "\n"
 
 

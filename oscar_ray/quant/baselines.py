@@ -61,7 +61,8 @@ def kivi2(k: torch.Tensor, v: torch.Tensor, token_group: int | None = None, resi
 
 
 def oscar_int2(k, v, r_k, r_v, k_clip=0.96, v_clip=0.92, group_size=None, scale_dtype="float16",
-               lloyd_max=False, k_mean=None, v_mean=None):
-    """OSCAR: k̂ = Q₂(clip((k − μ_K) R_K)) R_Kᵀ + μ_K, same for v with R_V (μ None: no centring)."""
-    return (fake_quantize(k, r_k, k_clip, group_size, scale_dtype, lloyd_max, k_mean),
+               lloyd_max=False, k_mean=None, v_mean=None, k_feedback=None):
+    """OSCAR: k̂ = Q₂(clip((k − μ_K) R_K)) R_Kᵀ + μ_K, same for v with R_V (μ None: no centring);
+    k_feedback [Hkv, d, d]: query-aware rounding of the key codes (feedback.py), None for nearest."""
+    return (fake_quantize(k, r_k, k_clip, group_size, scale_dtype, lloyd_max, k_mean, k_feedback),
             fake_quantize(v, r_v, v_clip, group_size, scale_dtype, lloyd_max, v_mean))

@@ -114,16 +114,25 @@ def fake_quantize(
     scale_dtype="float16",
     lloyd_max: bool = False,
     mean: torch.Tensor | None = None,
+    feedback: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """x̂ = Q₂(clip((x − μ)·R))·Rᵀ + μ in x's original basis, float64.  x: [T, H, d]; R: [d, d] or
-    [H, d, d]; mean μ: [H, d] or [d] channel means (centre.py), None for none."""
+    [H, d, d]; mean μ: [H, d] or [d] channel means (centre.py), None for none; feedback: [H, d, d]
+    factor of feedback.py (query-aware rounding of the codes on the same grid), None for nearest."""
     from .centre import centred
     from .clip import clip_rows
+    from .feedback import quantize_int2_feedback
 
     x64 = centred(x.to(torch.float64), mean)
     r = None if rotation is None else rotation.to(x64.device, torch.float64)
     xr = x64 if r is None else _rotate(x64, r)
-    codes, scales = quantize_int2(clip_rows(xr, clip_ratio), group_size, scale_dtype, lloyd_max)
+    if feedback is None:
+        codes, scales = quantize_int2(clip_rows(xr, clip_ratio), group_size, scale_dtype, lloyd_max)
+    elif lloyd_max:
+        raise ValueError("feedback (query-aware rounding) works on the uniform grid: lloyd_max must be False")
+    else:
+        xr32 = xr.to(torch.float32)
+        codes, scales = quantize_int2_feedback(xr32, clip_rows(xr32, clip_ratio), feedback, group_size, scale_dtype)
     xq = dequantize_int2(codes, scales, group_size).to(torch.float64)
     xq = xq if r is None else _rotate(xq, r.transpose(-1, -2))
     return xq if mean is None else xq + mean.to(xq.device, xq.dtype)
