@@ -43,7 +43,7 @@ from oscar_ray.engines.torch import TorchEngineConfig  # noqa: E402
 from oscar_ray.engines.torch.core import EngineCore  # noqa: E402
 from oscar_ray.engines.torch.scheduler import Seq  # noqa: E402
 
-ROT = {"oscar": None, "oscar-authors": None, "quarot": "hadamard", "naive": "identity",
+ROT = {"oscar": None, "oscar-authors": None, "oscar-k3": None, "quarot": "hadamard", "naive": "identity",
        "quarot-noclip": "hadamard", "naive-noclip": "identity"}
 PAGE = 64
 
@@ -94,6 +94,8 @@ def make_core(method: str, n_seqs: int, max_len: int, sink: int = 64, recent: in
         if VARIANTS[method]["group_size"]:
             cache["group_size"] = VARIANTS[method]["group_size"]
         rotations = variant_rotations(method, sink)
+    if method == "oscar-k3":  # the engine default with 3-bit keys (stored unclipped), INT2 values
+        cache["key_bits"] = 3
     if method.endswith("-noclip"):  # the paper's baselines clip nothing (OSCAR_SPEC §7.1)
         cache.update(k_clip_ratio=0.0, v_clip_ratio=0.0)
     if method == "bf16":

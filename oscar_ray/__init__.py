@@ -27,6 +27,8 @@ _EXPORTS = {
     "quantize_int2_feedback": "oscar_ray.quant",
     "pack_int2": "oscar_ray.quant",
     "unpack_int2": "oscar_ray.quant",
+    "pack_codes": "oscar_ray.quant",
+    "unpack_codes": "oscar_ray.quant",
     "clip_rows": "oscar_ray.quant",
     "bits_per_element": "oscar_ray.quant",
     "RotationSet": "oscar_ray.quant",

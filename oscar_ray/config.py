@@ -47,6 +47,10 @@ class OscarCacheConfig(StrictModel):
     v_clip_ratio: float = Field(D.V_CLIP_RATIO, ge=0.0, le=1.0, description="Per-token value clip quantile (0 = off).")
     page_size: int = Field(D.PAGE_SIZE, ge=1, description="Tokens per KV page; sink and recent are whole pages.")
     lloyd_max: bool = Field(False, description="Gaussian Lloyd-Max levels instead of uniform min-max (experimental).")
+    key_bits: Literal[2, 3] = Field(
+        2, description="Bits per key element in the history tier: 2 (INT2), or 3 (one more bit plane, d/8 bytes a "
+        "row; keys then stored unclipped). Values stay INT2. SmolLM2 needles: 8/36 at 2, see "
+        "benchmarks/results/quality_engine_smollm2.md for 3.")
 
     @model_validator(mode="after")
     def _whole_pages(self):
@@ -55,6 +59,8 @@ class OscarCacheConfig(StrictModel):
                 raise ValueError(f"{name} ({getattr(self, name)}) must be a multiple of page_size ({self.page_size})")
         if self.group_size is not None and self.group_size & (self.group_size - 1):
             raise ValueError(f"group_size ({self.group_size}) must be a power of two")
+        if self.key_bits == 3 and self.lloyd_max:
+            raise ValueError("lloyd_max is a 4-level quantiser: it needs key_bits 2")
         return self
 
     def resolved_group_size(self, head_dim: int) -> int:

@@ -9,6 +9,8 @@ shapes per layer and per K or V tensor (see the `*_shape` methods):
 
 Anchor, head_dim 128, one group, per token, KV head and layer: K codes 32 B + scale/zero 4 B (fp16)
 = 36 B, K+V = 72 B against 2 * 128 * 2 = 512 B in BF16, 7.1x smaller; fp32 scales give 80 B, 6.4x.
+With `key_bits` 3 the key codes carry one more bit plane (head_dim / 8 bytes): K 52 B + V 36 B = 88 B,
+5.8x (d 64: 28 + 20 = 48 B against 256 B, 5.3x; INT2 keys 40 B, 6.4x).
 """
 
 from __future__ import annotations
@@ -70,6 +72,7 @@ class PageGeometry:
     scale_bytes: int = 2
     sink_tokens: int = 64  # attention sinks: the first tokens carry most of the softmax mass
     recent_tokens: int = 256  # the window decode attends to most
+    key_bits: int = 2  # 3: keys get a third bit plane (needle retrieval, see quality_engine_smollm2.md)
 
     def __post_init__(self) -> None:
         for name in ("n_layers", "n_kv_heads", "head_dim", "page_size"):
@@ -81,6 +84,10 @@ class PageGeometry:
         _positive_int("group_size", self.group_size)
         if self.head_dim % self.group_size:
             raise ValueError(f"group_size={self.group_size} must divide head_dim={self.head_dim}")
+        if isinstance(self.key_bits, bool) or self.key_bits not in (2, 3):
+            raise ValueError(f"key_bits must be 2 or 3, got {self.key_bits!r}")
+        if self.key_bits == 3 and self.head_dim % 8:
+            raise ValueError(f"key_bits=3 needs head_dim divisible by 8, got {self.head_dim}")
         if self.scale_bytes not in (2, 4):
             raise ValueError(f"scale_bytes must be 2 (fp16) or 4 (fp32), got {self.scale_bytes!r}")
         for name in ("sink_tokens", "recent_tokens"):
@@ -98,7 +105,11 @@ class PageGeometry:
         return self.head_dim // self.group_size
 
     def int2_code_shape(self, num_pages: int) -> tuple[int, int, int, int]:
+        """Value codes (and key codes at key_bits 2)."""
         return (num_pages, self.page_size, self.n_kv_heads, self.head_dim // CODES_PER_BYTE)
+
+    def key_code_shape(self, num_pages: int) -> tuple[int, int, int, int]:
+        return (num_pages, self.page_size, self.n_kv_heads, self.head_dim * self.key_bits // 8)
 
     def int2_scale_shape(self, num_pages: int) -> tuple[int, int, int, int]:
         return (num_pages, self.page_size, self.n_kv_heads, 2 * self.groups)
@@ -138,8 +149,9 @@ class PageGeometry:
         return self.n_layers * self.n_kv_heads * KV * self.head_dim * BF16_BYTES
 
     def int2_token_bytes(self) -> int:
-        per_head = self.head_dim // CODES_PER_BYTE + 2 * self.groups * self.scale_bytes
-        return self.n_layers * self.n_kv_heads * KV * per_head
+        scales = 2 * self.groups * self.scale_bytes
+        per_head = self.head_dim * self.key_bits // 8 + self.head_dim // CODES_PER_BYTE + KV * scales
+        return self.n_layers * self.n_kv_heads * per_head
 
     def bf16_page_bytes(self) -> int:
         return self.page_size * self.bf16_token_bytes()

@@ -108,16 +108,38 @@ def _group_dequant(c, scales_ptr, sbase, m2, col, K: tl.constexpr, QD: tl.conste
 
 
 @triton.jit
-def _codes4(codes_ptr, cbase, nmask, QD: tl.constexpr, TRANS: tl.constexpr, PRECISION: tl.constexpr):
-    """The four 2-bit code quarters of N packed rows as dot operands (0..3 is exact in every precision):
-    [QD, N] each when TRANS (keys), else [N, QD].  Masked tokens read code 0."""
+def _codes4(codes_ptr, cbase, nmask, QD: tl.constexpr, TRANS: tl.constexpr, PRECISION: tl.constexpr,
+            BITS: tl.constexpr = 2):
+    """The four code quarters of N packed rows as dot operands (0..7 is exact in every precision):
+    [QD, N] each when TRANS (keys), else [N, QD].  Masked tokens read code 0.  BITS 3 adds the bit
+    plane after the d/4 quartered bytes: quarter k's high bits are bits 2k (columns < d/8) and 2k+1
+    of bytes col mod d/8 (quant/int2.pack_codes)."""
     col = tl.arange(0, QD)
     if TRANS:
         packed = tl.load(codes_ptr + cbase[None, :] + col[:, None], mask=nmask[None, :], other=0).to(tl.int32)
     else:
         packed = tl.load(codes_ptr + cbase[:, None] + col[None, :], mask=nmask[:, None], other=0).to(tl.int32)
-    return (_op((packed & 3).to(tl.float32), PRECISION), _op(((packed >> 2) & 3).to(tl.float32), PRECISION),
-            _op(((packed >> 4) & 3).to(tl.float32), PRECISION), _op(((packed >> 6) & 3).to(tl.float32), PRECISION))
+    c0 = packed & 3
+    c1 = (packed >> 2) & 3
+    c2 = (packed >> 4) & 3
+    c3 = (packed >> 6) & 3
+    if BITS == 3:
+        E: tl.constexpr = QD // 2
+        half = col // E  # 0 for the first d/8 columns of a quarter, 1 for the rest
+        if TRANS:
+            plane = tl.load(codes_ptr + cbase[None, :] + QD + (col % E)[:, None], mask=nmask[None, :],
+                            other=0).to(tl.int32)
+            half = half[:, None]
+        else:
+            plane = tl.load(codes_ptr + cbase[:, None] + QD + (col % E)[None, :], mask=nmask[:, None],
+                            other=0).to(tl.int32)
+            half = half[None, :]
+        c0 = c0 | (((plane >> half) & 1) << 2)
+        c1 = c1 | (((plane >> (2 + half)) & 1) << 2)
+        c2 = c2 | (((plane >> (4 + half)) & 1) << 2)
+        c3 = c3 | (((plane >> (6 + half)) & 1) << 2)
+    return (_op(c0.to(tl.float32), PRECISION), _op(c1.to(tl.float32), PRECISION),
+            _op(c2.to(tl.float32), PRECISION), _op(c3.to(tl.float32), PRECISION))
 
 
 # bf16 bit pattern of 128.0: its ulp is 1, so OR-ing a code c ∈ 0..3 into the low mantissa bits gives
@@ -174,12 +196,12 @@ def _codes4_offset(codes_ptr, cbase, nmask, QD: tl.constexpr, TRANS: tl.constexp
 
 @triton.jit
 def _dequant4(codes_ptr, scales_ptr, cbase, sbase, nmask, QD: tl.constexpr, GS: tl.constexpr,
-              TRANS: tl.constexpr):
+              TRANS: tl.constexpr, BITS: tl.constexpr = 2):
     """Dequantised fp32 quarters (c − z)·s of N packed rows with several (s, z) groups per row.
 
     Masked tokens read codes 0 and s = z = 0, so they dequantise to 0, never NaN (V must stay finite).
     """
-    c0, c1, c2, c3 = _codes4(codes_ptr, cbase, nmask, QD, TRANS, "ieee")
+    c0, c1, c2, c3 = _codes4(codes_ptr, cbase, nmask, QD, TRANS, "ieee", BITS)
     col = tl.arange(0, QD)
     m2 = nmask[None, :] if TRANS else nmask[:, None]
     return (_group_dequant(c0, scales_ptr, sbase, m2, col, 0, QD, GS, TRANS),
@@ -230,9 +252,11 @@ def _rows_step(q0, q1, q2, q3, k_ptr, v_ptr, base, nmask, keep, m, l, a0, a1, a2
 
 
 @triton.jit
-def _int2_step(q0, q1, q2, q3, qsum, kc_ptr, ks_ptr, vc_ptr, vs_ptr, cbase, sbase, nmask, m, l, a0, a1, a2, a3,
-               QD: tl.constexpr, GS: tl.constexpr, PRECISION: tl.constexpr):
-    """One tile of N packed INT2 tokens (codes at cbase, (s, z) at sbase) for query rows q [R, ·].
+def _int2_step(q0, q1, q2, q3, qsum, kc_ptr, ks_ptr, vc_ptr, vs_ptr, cbase, kcbase, sbase, nmask, m, l,
+               a0, a1, a2, a3, QD: tl.constexpr, GS: tl.constexpr, PRECISION: tl.constexpr, KEY_BITS: tl.constexpr):
+    """One tile of N packed INT2 tokens (codes at cbase, key codes at kcbase, (s, z) at sbase) for
+    query rows q [R, ·].  KEY_BITS 3: keys carry a third bit plane; they skip the CODE_OFFSET unpack
+    (its lop3 masks two bits) and take the generic one, values are unchanged.
 
     One group per row (GS = d, the default layout): the scales factor out of both dots,
         q·k_n = s_n·(q·c_n − z_n·Σq)      p·V = (p∘s)·C − Σ_n p_n s_n z_n,
@@ -242,13 +266,14 @@ def _int2_step(q0, q1, q2, q3, qsum, kc_ptr, ks_ptr, vc_ptr, vs_ptr, cbase, sbas
     """
     if GS == 4 * QD:
         OFFSET: tl.constexpr = PRECISION == "bf16" or PRECISION == "bf16_interp"
-        if OFFSET:
-            k0, k1, k2, k3 = _codes4_offset(kc_ptr, cbase, nmask, QD, True, PRECISION)
+        K_OFFSET: tl.constexpr = OFFSET and KEY_BITS == 2
+        if K_OFFSET:
+            k0, k1, k2, k3 = _codes4_offset(kc_ptr, kcbase, nmask, QD, True, PRECISION)
         else:
-            k0, k1, k2, k3 = _codes4(kc_ptr, cbase, nmask, QD, True, PRECISION)
+            k0, k1, k2, k3 = _codes4(kc_ptr, kcbase, nmask, QD, True, PRECISION, KEY_BITS)
         ks = tl.load(ks_ptr + sbase, mask=nmask, other=0.0).to(tl.float32)
         kz = tl.load(ks_ptr + sbase + 1, mask=nmask, other=0.0).to(tl.float32)
-        if OFFSET:
+        if K_OFFSET:
             kz = kz + CODE_OFFSET
         qc = _qk4(q0, q1, q2, q3, k0, k1, k2, k3, PRECISION)
         qk = tl.where(nmask[None, :], ks[None, :] * (qc - kz[None, :] * qsum[:, None]), float("-inf"))
@@ -265,7 +290,7 @@ def _int2_step(q0, q1, q2, q3, qsum, kc_ptr, ks_ptr, vc_ptr, vs_ptr, cbase, sbas
             v0, v1, v2, v3 = _codes4(vc_ptr, cbase, nmask, QD, False, PRECISION)
         a0, a1, a2, a3 = _pv4(ps, v0, v1, v2, v3, a0, a1, a2, a3, alpha, corr, PRECISION)
     else:
-        k0, k1, k2, k3 = _dequant4(kc_ptr, ks_ptr, cbase, sbase, nmask, QD, GS, True)
+        k0, k1, k2, k3 = _dequant4(kc_ptr, ks_ptr, kcbase, sbase, nmask, QD, GS, True, KEY_BITS)
         qk = tl.where(nmask[None, :], _qk4(q0, q1, q2, q3, k0, k1, k2, k3, PRECISION), float("-inf"))
         m, alpha, p, l = _softmax_p(qk, m, l)
         v0, v1, v2, v3 = _dequant4(vc_ptr, vs_ptr, cbase, sbase, nmask, QD, GS, False)

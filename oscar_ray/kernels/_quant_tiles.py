@@ -45,17 +45,20 @@ def _clip_rows(x, CLIP_IDX: tl.constexpr):
 
 @triton.jit
 def _quantize_pack_store(x, rmask, code_rows, scale_rows, BR: tl.constexpr, D: tl.constexpr,
-                         GS: tl.constexpr, SCALE_FP16: tl.constexpr):
+                         GS: tl.constexpr, SCALE_FP16: tl.constexpr, BITS: tl.constexpr = 2):
     """Quantise x [BR, D] fp32 per group of GS, pack quartered, store codes [BR, D/4] and scales [BR, 2G].
 
     code_rows / scale_rows are [BR] pointers to the first byte / scale of each destination row.
+    BITS 3 (keys): 7 steps, and bit 2 of each code goes to the bit plane after the D/4 bytes
+    (quant/int2.pack_codes: byte e holds bit 2 of elements e + j·D/8 at bit j).
     """
     G: tl.constexpr = D // GS
     QD: tl.constexpr = D // 4
+    LEVELS: tl.constexpr = 2.0**BITS - 1.0
     xg = tl.reshape(x, (BR, G, GS))
     mn = tl.min(xg, axis=2)  # [BR, G]
     mx = tl.max(xg, axis=2)
-    s = tl.math.div_rn(tl.maximum(mx - mn, 1e-8), 3.0)
+    s = tl.math.div_rn(tl.maximum(mx - mn, 1e-8), LEVELS)
     if SCALE_FP16:
         # fp16 floors of quant/int2.py: s stays a normal fp16 and |z| = |min|/s stays below 65504
         s = tl.maximum(tl.maximum(s, _MIN_SCALE_FP16), tl.math.div_rn(tl.abs(mn), _MAX_ZERO_FP16))
@@ -67,7 +70,13 @@ def _quantize_pack_store(x, rmask, code_rows, scale_rows, BR: tl.constexpr, D: t
     sf = s_st.to(tl.float32)[:, :, None]
     zf = z_st.to(tl.float32)[:, :, None]
     c = tl.floor(tl.math.div_rn(xg, sf) + zf + 0.5)
-    c = tl.minimum(tl.maximum(c, 0.0), 3.0).to(tl.int32)
+    c = tl.minimum(tl.maximum(c, 0.0), LEVELS).to(tl.int32)
+    if BITS == 3:
+        E: tl.constexpr = D // 8
+        hi = tl.reshape((c >> 2) & 1, (BR, 8, E))
+        plane = tl.sum(hi << tl.arange(0, 8)[None, :, None], axis=1).to(tl.uint8)
+        tl.store(code_rows[:, None] + QD + tl.arange(0, E)[None, :], plane, mask=rmask[:, None])
+        c = c & 3
     # quartered packing: byte b holds elements b, b+D/4, b+D/2, b+3D/4 at bits 0/2/4/6
     c4 = tl.reshape(c, (BR, 4, QD))
     shift = (tl.arange(0, 4) * 2)[None, :, None]

@@ -65,6 +65,11 @@ def check_precision(precision: str) -> str:
     return precision
 
 
+def code_bytes(head_dim: int, bits: int) -> int:
+    """Packed bytes of one row: d/4 for INT2, d/4 + d/8 for 3-bit keys (quant/int2.pack_codes)."""
+    return head_dim * bits // 8
+
+
 def group_count(head_dim: int, group_size: int | None, name: str = "group_size") -> tuple[int, int]:
     """(group_size, n_groups) for one row of head_dim; both powers of two (the tile reshapes need it)."""
     gs = head_dim if group_size is None else group_size

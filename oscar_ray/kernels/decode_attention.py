@@ -34,11 +34,11 @@ H200_SMS = 132
 
 @triton.jit
 def _tier_partial(q_ptr, k_ptr, ks_ptr, v_ptr, vs_ptr, table_ptr, lens_ptr, mid_o_ptr, mid_lse_ptr,
-                  qk_scale, sqb, sqh, s_page, s_tok, s_head, ss_page, ss_tok, ss_head, s_table,
-                  n_q_heads, b, kh, split, row_split, total_splits,
+                  qk_scale, sqb, sqh, s_page, s_tok, s_head, sk_page, sk_tok, sk_head, ss_page, ss_tok, ss_head,
+                  s_table, n_q_heads, b, kh, split, row_split, total_splits,
                   GQA: tl.constexpr, PAGE: tl.constexpr, D: tl.constexpr, GS: tl.constexpr,
                   INT2: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_H: tl.constexpr,
-                  BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
+                  BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, KEY_BITS: tl.constexpr):
     """Split `split` of one tier of request b, KV head kh → partial row `row_split` of mid_o / mid_lse."""
     QD: tl.constexpr = D // 4
     seq_len = tl.load(lens_ptr + b)
@@ -64,8 +64,12 @@ def _tier_partial(q_ptr, k_ptr, ks_ptr, v_ptr, vs_ptr, table_ptr, lens_ptr, mid_
         base = _page_bases(table, offs, nmask, PAGE, s_page, s_tok, kh * s_head)
         if INT2:
             sbase = _page_bases(table, offs, nmask, PAGE, ss_page, ss_tok, kh * ss_head)
-            m, l, a0, a1, a2, a3 = _int2_step(q0, q1, q2, q3, qsum, k_ptr, ks_ptr, v_ptr, vs_ptr, base, sbase,
-                                              nmask, m, l, a0, a1, a2, a3, QD, GS, PRECISION)
+            if KEY_BITS == 2:
+                kbase = base  # K and V code rows share strides
+            else:
+                kbase = _page_bases(table, offs, nmask, PAGE, sk_page, sk_tok, kh * sk_head)
+            m, l, a0, a1, a2, a3 = _int2_step(q0, q1, q2, q3, qsum, k_ptr, ks_ptr, v_ptr, vs_ptr, base, kbase,
+                                              sbase, nmask, m, l, a0, a1, a2, a3, QD, GS, PRECISION, KEY_BITS)
         else:
             m, l, a0, a1, a2, a3 = _rows_step(q0, q1, q2, q3, k_ptr, v_ptr, base, nmask, nmask[None, :],
                                               m, l, a0, a1, a2, a3, QD, PRECISION)
@@ -79,11 +83,12 @@ def _tier_partial(q_ptr, k_ptr, ks_ptr, v_ptr, vs_ptr, table_ptr, lens_ptr, mid_
 
 @triton.jit
 def _decode_stage1_kernel(q_ptr, kc_ptr, ks_ptr, vc_ptr, vs_ptr, t2_ptr, l2_ptr, kb_ptr, vb_ptr, t16_ptr, l16_ptr,
-                          mid_o_ptr, mid_lse_ptr, qk_scale, sqb, sqh, scp, sct, sch, ssp, sst, ssh, st2,
-                          sbp, sbt, sbh, st16, n_q_heads,
+                          mid_o_ptr, mid_lse_ptr, qk_scale, sqb, sqh, scp, sct, sch, skp, skt, skh, ssp, sst, ssh,
+                          st2, sbp, sbt, sbh, st16, n_q_heads,
                           GQA: tl.constexpr, PAGE2: tl.constexpr, PAGE16: tl.constexpr, D: tl.constexpr,
                           GS: tl.constexpr, SPLITS2: tl.constexpr, SPLITS16: tl.constexpr, BLOCK_H: tl.constexpr,
-                          BLOCK_N2: tl.constexpr, BLOCK_N16: tl.constexpr, PRECISION: tl.constexpr):
+                          BLOCK_N2: tl.constexpr, BLOCK_N16: tl.constexpr, PRECISION: tl.constexpr,
+                          KEY_BITS: tl.constexpr):
     # both tiers in one launch (splits [0, SPLITS2) INT2, the rest BF16): one kernel launch fewer per
     # layer and step, ~4 µs of a 25 µs bs-1 16K step on the H200
     b = tl.program_id(0)
@@ -92,12 +97,12 @@ def _decode_stage1_kernel(q_ptr, kc_ptr, ks_ptr, vc_ptr, vs_ptr, t2_ptr, l2_ptr,
     total = SPLITS2 + SPLITS16
     if split < SPLITS2:
         _tier_partial(q_ptr, kc_ptr, ks_ptr, vc_ptr, vs_ptr, t2_ptr, l2_ptr, mid_o_ptr, mid_lse_ptr, qk_scale, sqb, sqh,
-                      scp, sct, sch, ssp, sst, ssh, st2, n_q_heads, b, kh, split, split, total,
-                      GQA, PAGE2, D, GS, True, SPLITS2, BLOCK_H, BLOCK_N2, PRECISION)
+                      scp, sct, sch, skp, skt, skh, ssp, sst, ssh, st2, n_q_heads, b, kh, split, split, total,
+                      GQA, PAGE2, D, GS, True, SPLITS2, BLOCK_H, BLOCK_N2, PRECISION, KEY_BITS)
     else:
         _tier_partial(q_ptr, kb_ptr, kb_ptr, vb_ptr, vb_ptr, t16_ptr, l16_ptr, mid_o_ptr, mid_lse_ptr, qk_scale, sqb,
-                      sqh, sbp, sbt, sbh, 0, 0, 0, st16, n_q_heads, b, kh, split - SPLITS2, split, total,
-                      GQA, PAGE16, D, GS, False, SPLITS16, BLOCK_H, BLOCK_N16, PRECISION)
+                      sqh, sbp, sbt, sbh, 0, 0, 0, 0, 0, 0, st16, n_q_heads, b, kh, split - SPLITS2, split, total,
+                      GQA, PAGE16, D, GS, False, SPLITS16, BLOCK_H, BLOCK_N16, PRECISION, 2)
 
 
 @triton.jit
@@ -214,11 +219,11 @@ def int2_decode_attention(q: torch.Tensor, kv: PagedKV, seg: Segments, *, k_rota
     t2, t16 = nonempty_table(seg.int2_page_table), nonempty_table(seg.bf16_page_table)
     _decode_stage1_kernel[(b, hkv, total)](
         q, kv.k_codes, kv.k_scales, kv.v_codes, kv.v_scales, t2, seg.int2_lens, kv.k_bf16, kv.v_bf16, t16,
-        seg.bf16_lens, mid_o, mid_lse, qk_scale, q.stride(0), q.stride(1), *kv.k_codes.stride()[:3],
-        *kv.k_scales.stride()[:3], t2.stride(0), *kv.k_bf16.stride()[:3], t16.stride(0), hq,
+        seg.bf16_lens, mid_o, mid_lse, qk_scale, q.stride(0), q.stride(1), *kv.v_codes.stride()[:3],
+        *kv.k_codes.stride()[:3], *kv.k_scales.stride()[:3], t2.stride(0), *kv.k_bf16.stride()[:3], t16.stride(0), hq,
         GQA=g, PAGE2=geo.int2_page_size, PAGE16=geo.bf16_page_size, D=d, GS=geo.group_size, SPLITS2=s2,
         SPLITS16=s16, BLOCK_H=block_h, BLOCK_N2=block_n, BLOCK_N16=bf16_block_n, PRECISION=precision,
-        num_warps=num_warps, num_stages=num_stages, **({"maxnreg": max_registers} if max_registers else {}))
+        KEY_BITS=geo.key_bits, num_warps=num_warps, num_stages=num_stages, **({"maxnreg": max_registers} if max_registers else {}))
     _decode_merge_kernel[(b, hq)](mid_o, mid_lse, out, out.stride(0), out.stride(1), hq, total,
                                   D=d, BLOCK_S=triton.next_power_of_2(total), num_warps=4)
     return out if v_rotation is None else rotate_heads(out, v_rotation, transpose=True)

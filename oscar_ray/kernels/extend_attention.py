@@ -27,9 +27,10 @@ from .reference import rotate_heads
 @triton.jit
 def _extend_kernel(q_ptr, kn_ptr, vn_ptr, kc_ptr, ks_ptr, vc_ptr, vs_ptr, kb_ptr, vb_ptr,
                    t2_ptr, l2_ptr, t16_ptr, l16_ptr, indptr_ptr, out_ptr, qk_scale,
-                   sqt, sqh, snt, snh, scp, sct, sch, ssp, sst, ssh, sbp, sbt, sbh, st2, st16, sot, soh,
+                   sqt, sqh, snt, snh, scp, sct, sch, skp, skt, skh, ssp, sst, ssh, sbp, sbt, sbh, st2, st16, sot, soh,
                    GQA: tl.constexpr, PAGE2: tl.constexpr, PAGE16: tl.constexpr, D: tl.constexpr,
-                   GS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
+                   GS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+                   KEY_BITS: tl.constexpr):
     QD: tl.constexpr = D // 4
     m_start = tl.program_id(0) * BLOCK_M
     hq = tl.program_id(1)
@@ -56,8 +57,12 @@ def _extend_kernel(q_ptr, kn_ptr, vn_ptr, kc_ptr, ks_ptr, vc_ptr, vs_ptr, kb_ptr
             nmask = offs < n2
             cbase = _page_bases(table2, offs, nmask, PAGE2, scp, sct, kh * sch)
             sbase = _page_bases(table2, offs, nmask, PAGE2, ssp, sst, kh * ssh)
-            m, l, a0, a1, a2, a3 = _int2_step(q0, q1, q2, q3, qsum, kc_ptr, ks_ptr, vc_ptr, vs_ptr, cbase, sbase,
-                                              nmask, m, l, a0, a1, a2, a3, QD, GS, PRECISION)
+            if KEY_BITS == 2:
+                kbase = cbase
+            else:
+                kbase = _page_bases(table2, offs, nmask, PAGE2, skp, skt, kh * skh)
+            m, l, a0, a1, a2, a3 = _int2_step(q0, q1, q2, q3, qsum, kc_ptr, ks_ptr, vc_ptr, vs_ptr, cbase, kbase,
+                                              sbase, nmask, m, l, a0, a1, a2, a3, QD, GS, PRECISION, KEY_BITS)
 
         n16 = tl.load(l16_ptr + b)
         table16 = t16_ptr + b.to(tl.int64) * st16
@@ -135,8 +140,8 @@ def int2_extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Ten
     _extend_kernel[grid](
         q, k_new, v_new, kv.k_codes, kv.k_scales, kv.v_codes, kv.v_scales, kv.k_bf16, kv.v_bf16,
         t2, prefix.int2_lens, t16, prefix.bf16_lens, qo_indptr, out, qk_scale,
-        q.stride(0), q.stride(1), k_new.stride(0), k_new.stride(1), *kv.k_codes.stride()[:3],
-        *kv.k_scales.stride()[:3], *kv.k_bf16.stride()[:3], t2.stride(0), t16.stride(0), out.stride(0), out.stride(1),
+        q.stride(0), q.stride(1), k_new.stride(0), k_new.stride(1), *kv.v_codes.stride()[:3],
+        *kv.k_codes.stride()[:3], *kv.k_scales.stride()[:3], *kv.k_bf16.stride()[:3], t2.stride(0), t16.stride(0), out.stride(0), out.stride(1),
         GQA=hq // hkv, PAGE2=geo.int2_page_size, PAGE16=geo.bf16_page_size, D=d, GS=geo.group_size,
-        BLOCK_M=block_m, BLOCK_N=block_n, PRECISION=precision, num_warps=num_warps, num_stages=num_stages)
+        BLOCK_M=block_m, BLOCK_N=block_n, PRECISION=precision, KEY_BITS=geo.key_bits, num_warps=num_warps, num_stages=num_stages)
     return out if v_rotation is None else rotate_heads(out, v_rotation, transpose=True)

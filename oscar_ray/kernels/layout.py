@@ -1,7 +1,9 @@
 """The engine-agnostic mixed INT2 / BF16 cache of one layer, as the attention kernels read it.
 
 Shapes (OSCAR_SPEC §3-§4), separately for K and V:
-    codes   uint8      [n_int2_pages, int2_page_size, H_kv, d/4]   quartered packing (quant/int2.py)
+    codes   uint8      [n_int2_pages, int2_page_size, H_kv, d/4]   quartered packing (quant/int2.py);
+                                                                   keys d/4 + d/8 with key_bits 3
+                                                                   (pack_codes: one more bit plane)
     scales  fp16|fp32  [n_int2_pages, int2_page_size, H_kv, 2·G]   interleaved (s_0, z_0, s_1, z_1, ...)
     bf16    bfloat16   [n_bf16_pages, bf16_page_size, H_kv, d]     sink + recent tokens
 All stored K are rotated (k·R_K) and V rotated (v·R_V) or absorbed, so every tier shares one basis.
@@ -22,7 +24,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ._validate import SCALE_DTYPES, check_pow2, check_tensor, group_count
+from oscar_ray.quant.int2 import check_bits
+
+from ._validate import SCALE_DTYPES, check_pow2, check_tensor, code_bytes, group_count
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,11 +40,13 @@ class KVGeometry:
     group_size: int
     n_groups: int
     scale_fp16: bool
+    key_bits: int = 2
 
 
 @dataclass(frozen=True, slots=True)
 class PagedKV:
-    """One layer's K and V pages in both tiers; `group_size` None means one (s, z) pair per row."""
+    """One layer's K and V pages in both tiers; `group_size` None means one (s, z) pair per row;
+    `key_bits` 3 means 3-bit key codes (d/4 + d/8 bytes a row), values stay INT2."""
 
     k_codes: torch.Tensor
     k_scales: torch.Tensor
@@ -49,6 +55,7 @@ class PagedKV:
     k_bf16: torch.Tensor
     v_bf16: torch.Tensor
     group_size: int | None = None
+    key_bits: int = 2
 
     @property
     def device(self) -> torch.device:
@@ -64,19 +71,24 @@ class PagedKV:
         check_tensor("v_bf16", self.v_bf16, (torch.bfloat16,), shape=(None, bf16_page, h, d), device=dev)
         check_tensor("k_codes", self.k_codes, (torch.uint8,), ndim=4, device=dev)
         int2_page = self.k_codes.shape[1]
-        check_tensor("k_codes", self.k_codes, (torch.uint8,), shape=(None, int2_page, h, d // 4), device=dev)
+        bits = check_bits(self.key_bits)
+        check_tensor("k_codes", self.k_codes, (torch.uint8,), shape=(None, int2_page, h, code_bytes(d, bits)),
+                     device=dev)
         check_tensor("v_codes", self.v_codes, (torch.uint8,), shape=(None, int2_page, h, d // 4), device=dev)
         gs, n_groups = group_count(d, self.group_size)
         shape = (self.k_codes.shape[0], int2_page, h, 2 * n_groups)
         check_tensor("k_scales", self.k_scales, SCALE_DTYPES, shape=shape, device=dev)
         check_tensor("v_scales", self.v_scales, (self.k_scales.dtype,),
                      shape=(self.v_codes.shape[0], int2_page, h, 2 * n_groups), device=dev)
-        # the kernels take one stride set per tier, shared by K and V
-        for name, pages, ref in (("v_codes", self.v_codes, self.k_codes), ("v_scales", self.v_scales, self.k_scales),
-                                 ("v_bf16", self.v_bf16, self.k_bf16)):
+        # the kernels take one stride set per tier, shared by K and V (3-bit key codes, wider rows,
+        # bring their own)
+        pairs = [("v_scales", self.v_scales, self.k_scales), ("v_bf16", self.v_bf16, self.k_bf16)]
+        if bits == 2:
+            pairs.append(("v_codes", self.v_codes, self.k_codes))
+        for name, pages, ref in pairs:
             if pages.stride() != ref.stride():
                 raise ValueError(f"{name} strides {pages.stride()} must equal those of its K tensor {ref.stride()}")
-        return KVGeometry(h, d, int2_page, bf16_page, gs, n_groups, self.k_scales.dtype == torch.float16)
+        return KVGeometry(h, d, int2_page, bf16_page, gs, n_groups, self.k_scales.dtype == torch.float16, bits)
 
 
 @dataclass(frozen=True, slots=True)

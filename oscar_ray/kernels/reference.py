@@ -11,7 +11,7 @@ import torch
 
 from oscar_ray.quant.attention import reference_attention
 from oscar_ray.quant.clip import clip_rows
-from oscar_ray.quant.int2 import dequantize_int2, pack_int2, quantize_int2, unpack_int2
+from oscar_ray.quant.int2 import dequantize_int2, pack_codes, quantize_int2, unpack_codes
 
 from .layout import PagedKV, Segments
 
@@ -32,10 +32,12 @@ def rotate_heads(x: torch.Tensor, r: torch.Tensor | None, transpose: bool = Fals
 
 
 def int2_write_reference(x: torch.Tensor, rotation: torch.Tensor | None, clip_ratio: float,
-                         group_size: int | None, scale_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [N, H, d] → (packed codes uint8 [N, H, d/4], scales [N, H, 2·G]): pack(Q₂(clip(x·R)))."""
-    codes, scales = quantize_int2(clip_rows(rotate_heads(x, rotation), clip_ratio), group_size, scale_dtype)
-    return pack_int2(codes), scales
+                         group_size: int | None, scale_dtype: torch.dtype,
+                         bits: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [N, H, d] → (packed codes uint8 [N, H, d·bits/8], scales [N, H, 2·G]): pack(Q_bits(clip(x·R)))."""
+    codes, scales = quantize_int2(clip_rows(rotate_heads(x, rotation), clip_ratio), group_size, scale_dtype,
+                                  bits=bits)
+    return pack_codes(codes, bits), scales
 
 
 def bf16_write_reference(x: torch.Tensor, rotation: torch.Tensor | None) -> torch.Tensor:
@@ -54,8 +56,9 @@ def request_kv(kv: PagedKV, seg: Segments, b: int) -> tuple[torch.Tensor, torch.
     """(K, V) float32 [T, H_kv, d] of request b: its dequantised INT2 tokens, then its BF16 tokens."""
     n2, n16 = int(seg.int2_lens[b]), int(seg.bf16_lens[b])
     out = []
-    for codes, scales, bf16 in ((kv.k_codes, kv.k_scales, kv.k_bf16), (kv.v_codes, kv.v_scales, kv.v_bf16)):
-        c = unpack_int2(gather_pages(codes, seg.int2_page_table[b], n2))
+    for codes, scales, bf16, bits in ((kv.k_codes, kv.k_scales, kv.k_bf16, kv.key_bits),
+                                      (kv.v_codes, kv.v_scales, kv.v_bf16, 2)):
+        c = unpack_codes(gather_pages(codes, seg.int2_page_table[b], n2), bits)
         x2 = dequantize_int2(c, gather_pages(scales, seg.int2_page_table[b], n2), kv.group_size)
         x16 = gather_pages(bf16, seg.bf16_page_table[b], n16).to(torch.float32)
         out.append(torch.cat([x2, x16], dim=0))

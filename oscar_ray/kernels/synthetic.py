@@ -33,7 +33,7 @@ def random_scales(shape: tuple[int, ...], n_groups: int, dtype: torch.dtype, dev
 def random_mixed_cache(int2_lens: Sequence[int], bf16_lens: Sequence[int], n_kv_heads: int, head_dim: int, *,
                        int2_page_size: int = 8, bf16_page_size: int = 8, group_size: int | None = None,
                        scale_dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
-                       spare_pages: int = 3, seed: int | None = None) -> tuple[PagedKV, Segments]:
+                       spare_pages: int = 3, seed: int | None = None, key_bits: int = 2) -> tuple[PagedKV, Segments]:
     """A PagedKV + Segments holding random codes, scales and bf16 rows for requests of the given lengths.
 
     Pages are shuffled across requests and `spare_pages` extra pages per tier stay unused, so a kernel
@@ -47,19 +47,20 @@ def random_mixed_cache(int2_lens: Sequence[int], bf16_lens: Sequence[int], n_kv_
     code_shape = (n2, int2_page_size, n_kv_heads, head_dim // 4)
     bf16_shape = (n16, bf16_page_size, n_kv_heads, head_dim)
 
-    def codes():
+    def codes(bits=2):
+        shape = code_shape[:3] + (head_dim * bits // 8,)  # 3-bit keys: one more d/8-byte bit plane
         if torch.device(device).type == "cuda":  # GB-sized caches: draw on the device
-            return torch.randint(0, 256, code_shape, dtype=torch.uint8, device=device)
-        return torch.randint(0, 256, code_shape, dtype=torch.uint8, generator=gen)
+            return torch.randint(0, 256, shape, dtype=torch.uint8, device=device)
+        return torch.randint(0, 256, shape, dtype=torch.uint8, generator=gen)
 
     def rows():
         if torch.device(device).type == "cuda":
             return (torch.randn(bf16_shape, device=device) * 0.5).to(torch.bfloat16)
         return (torch.randn(bf16_shape, generator=gen) * 0.5).to(torch.bfloat16)
 
-    kv = PagedKV(codes().to(device), random_scales(code_shape[:3], n_groups, scale_dtype, device, gen),
+    kv = PagedKV(codes(key_bits).to(device), random_scales(code_shape[:3], n_groups, scale_dtype, device, gen),
                  codes().to(device), random_scales(code_shape[:3], n_groups, scale_dtype, device, gen),
-                 rows().to(device), rows().to(device), group_size)
+                 rows().to(device), rows().to(device), group_size, key_bits)
     seg = Segments(_table(int2_lens, int2_page_size, n2, device, gen),
                    torch.tensor(list(int2_lens), dtype=torch.int32, device=device),
                    _table(bf16_lens, bf16_page_size, n16, device, gen),

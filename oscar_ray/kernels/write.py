@@ -18,9 +18,10 @@ import triton
 import triton.language as tl
 
 from oscar_ray.quant.clip import check_ratio, clip_index
+from oscar_ray.quant.int2 import check_bits
 
 from ._quant_tiles import _clip_rows, _quantize_pack_store, _round_bf16
-from ._validate import FLOAT_ROWS, SCALE_DTYPES, check_pow2, check_rotation, check_tensor, group_count
+from ._validate import FLOAT_ROWS, SCALE_DTYPES, check_pow2, check_rotation, check_tensor, code_bytes, group_count
 
 
 @triton.jit
@@ -52,7 +53,7 @@ def _load_rotated_rows(x_ptr, r_ptr, n, rmask, h, sxn, sxh, srh,
 def _int2_write_kernel(x_ptr, r_ptr, page_ptr, off_ptr, codes_ptr, scales_ptr, n_tokens,
                        sxn, sxh, srh, scp, sco, sch, ssp, sso, ssh,
                        D: tl.constexpr, GS: tl.constexpr, BR: tl.constexpr, ROTATE: tl.constexpr, KC: tl.constexpr,
-                       CLIP: tl.constexpr, CLIP_IDX: tl.constexpr, SCALE_FP16: tl.constexpr):
+                       CLIP: tl.constexpr, CLIP_IDX: tl.constexpr, SCALE_FP16: tl.constexpr, BITS: tl.constexpr):
     h = tl.program_id(1)
     n = tl.program_id(0) * BR + tl.arange(0, BR)
     rmask = n < n_tokens
@@ -63,7 +64,7 @@ def _int2_write_kernel(x_ptr, r_ptr, page_ptr, off_ptr, codes_ptr, scales_ptr, n
     off = tl.load(off_ptr + n, mask=rmask, other=0)
     code_rows = codes_ptr + page * scp + off * sco + h * sch
     scale_rows = scales_ptr + page * ssp + off * sso + h * ssh
-    _quantize_pack_store(x, rmask, code_rows, scale_rows, BR, D, GS, SCALE_FP16)
+    _quantize_pack_store(x, rmask, code_rows, scale_rows, BR, D, GS, SCALE_FP16, BITS)
 
 
 @triton.jit
@@ -83,7 +84,7 @@ def _bf16_write_kernel(x_ptr, r_ptr, page_ptr, off_ptr, out_ptr, n_tokens, sxn, 
 def _demote_pages_kernel(src_ptr, src_ids_ptr, dst_ids_ptr, codes_ptr, scales_ptr, page_size,
                          sbp, sbt, sbh, scp, sco, sch, ssp, sso, ssh,
                          D: tl.constexpr, GS: tl.constexpr, BR: tl.constexpr,
-                         CLIP: tl.constexpr, CLIP_IDX: tl.constexpr, SCALE_FP16: tl.constexpr):
+                         CLIP: tl.constexpr, CLIP_IDX: tl.constexpr, SCALE_FP16: tl.constexpr, BITS: tl.constexpr):
     i = tl.program_id(0)
     h = tl.program_id(1)
     t = tl.program_id(2) * BR + tl.arange(0, BR)  # token offsets inside the page
@@ -96,14 +97,14 @@ def _demote_pages_kernel(src_ptr, src_ids_ptr, dst_ids_ptr, codes_ptr, scales_pt
         x = _clip_rows(x, CLIP_IDX)
     code_rows = codes_ptr + dst * scp + t * sco + h * sch
     scale_rows = scales_ptr + dst * ssp + t * sso + h * ssh
-    _quantize_pack_store(x, rmask, code_rows, scale_rows, BR, D, GS, SCALE_FP16)
+    _quantize_pack_store(x, rmask, code_rows, scale_rows, BR, D, GS, SCALE_FP16, BITS)
 
 
 def _check_int2_pages(codes: torch.Tensor, scales: torch.Tensor, h: int, d: int, group_size: int | None,
-                      device: torch.device) -> tuple[int, int]:
-    """(group_size, n_groups) after checking codes [P, page, H, d/4] uint8 and scales [P, page, H, 2G]."""
+                      device: torch.device, bits: int = 2) -> tuple[int, int]:
+    """(group_size, n_groups) after checking codes [P, page, H, d·bits/8] uint8 and scales [P, page, H, 2G]."""
     gs, n_groups = group_count(d, group_size)
-    check_tensor("codes", codes, (torch.uint8,), shape=(None, None, h, d // 4), device=device)
+    check_tensor("codes", codes, (torch.uint8,), shape=(None, None, h, code_bytes(d, bits)), device=device)
     check_tensor("scales", scales, SCALE_DTYPES, shape=(codes.shape[0], codes.shape[1], h, 2 * n_groups),
                  device=device)
     return gs, n_groups
@@ -131,15 +132,17 @@ def _clip_args(clip_ratio: float, d: int) -> tuple[bool, int]:
 
 def int2_write(x: torch.Tensor, rotation: torch.Tensor | None, clip_ratio: float, page_ids: torch.Tensor,
                offsets: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, group_size: int | None = None,
-               block_rows: int = 16, num_warps: int = 4) -> None:
+               block_rows: int = 16, num_warps: int = 4, bits: int = 2) -> None:
     """Store pack(Q₂(clip(x·R, clip_ratio))) of x [N, H_kv, d] into INT2 slot (page_ids[i], offsets[i]).
 
     rotation: fp32 [d, d] or [H_kv, d, d], or None when x is already rotated (or V is absorbed).
-    codes uint8 [P, page, H_kv, d/4] and scales fp16|fp32 [P, page, H_kv, 2·G] are written in place.
+    codes uint8 [P, page, H_kv, d·bits/8] and scales fp16|fp32 [P, page, H_kv, 2·G] are written in
+    place; bits 3 is the cache's 3-bit key layout (quant/int2.pack_codes).
     Example: int2_write(k, R_K, 0.96, pages, offs, k_codes, k_scales)  # N new tokens of one layer
     """
     n, h, d = _check_rows_and_slots(x, page_ids, offsets)
-    gs, _ = _check_int2_pages(codes, scales, h, d, group_size, x.device)
+    bits = check_bits(bits)
+    gs, _ = _check_int2_pages(codes, scales, h, d, group_size, x.device, bits)
     r = check_rotation("rotation", rotation, d, h, x.device)
     check_pow2("block_rows", block_rows, minimum=16)
     clip, idx = _clip_args(clip_ratio, d)
@@ -151,7 +154,7 @@ def int2_write(x: torch.Tensor, rotation: torch.Tensor | None, clip_ratio: float
         x.stride(0), x.stride(1), 0 if r is None or r.ndim == 2 else d * d,
         codes.stride(0), codes.stride(1), codes.stride(2), scales.stride(0), scales.stride(1), scales.stride(2),
         D=d, GS=gs, BR=block_rows, ROTATE=r is not None, KC=_rotation_chunk(d), CLIP=clip, CLIP_IDX=idx,
-        SCALE_FP16=scales.dtype == torch.float16, num_warps=num_warps)
+        SCALE_FP16=scales.dtype == torch.float16, BITS=bits, num_warps=num_warps)
 
 
 def bf16_write(x: torch.Tensor, rotation: torch.Tensor | None, page_ids: torch.Tensor, offsets: torch.Tensor,
@@ -174,7 +177,7 @@ def bf16_write(x: torch.Tensor, rotation: torch.Tensor | None, page_ids: torch.T
 
 def demote_pages(bf16_pages: torch.Tensor, src_page_ids: torch.Tensor, dst_page_ids: torch.Tensor,
                  codes: torch.Tensor, scales: torch.Tensor, clip_ratio: float, group_size: int | None = None,
-                 num_warps: int = 4) -> None:
+                 num_warps: int = 4, bits: int = 2) -> None:
     """Quantise every token of BF16 pages src_page_ids[i] into INT2 page dst_page_ids[i], one launch.
 
     bf16_pages [P16, page, H_kv, d] hold rotated rows, so no rotation is applied; the INT2 pages
@@ -183,7 +186,8 @@ def demote_pages(bf16_pages: torch.Tensor, src_page_ids: torch.Tensor, dst_page_
     check_tensor("bf16_pages", bf16_pages, (torch.bfloat16,), ndim=4)
     _, page, h, d = bf16_pages.shape
     check_pow2("head_dim", d, minimum=16)
-    gs, _ = _check_int2_pages(codes, scales, h, d, group_size, bf16_pages.device)
+    bits = check_bits(bits)
+    gs, _ = _check_int2_pages(codes, scales, h, d, group_size, bf16_pages.device, bits)
     if codes.shape[1] != page:
         raise ValueError(f"codes page size {codes.shape[1]} must equal bf16_pages page size {page}")
     check_tensor("src_page_ids", src_page_ids, (torch.int32,), ndim=1, device=bf16_pages.device)
@@ -197,5 +201,5 @@ def demote_pages(bf16_pages: torch.Tensor, src_page_ids: torch.Tensor, dst_page_
         bf16_pages, src_page_ids, dst_page_ids, codes, scales, page,
         bf16_pages.stride(0), bf16_pages.stride(1), bf16_pages.stride(2),
         codes.stride(0), codes.stride(1), codes.stride(2), scales.stride(0), scales.stride(1), scales.stride(2),
-        D=d, GS=gs, BR=br, CLIP=clip, CLIP_IDX=idx, SCALE_FP16=scales.dtype == torch.float16,
+        D=d, GS=gs, BR=br, CLIP=clip, CLIP_IDX=idx, SCALE_FP16=scales.dtype == torch.float16, BITS=bits,
         num_warps=num_warps)

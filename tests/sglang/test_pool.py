@@ -88,3 +88,13 @@ def test_fused_kv_write_is_off_for_our_pool(plugins_loaded):
         assert utils.enable_fused_set_kv_buffer(None) is False
     with pytest.raises(ValueError, match="OSCAR KV pool"):
         OscarAttnBackend(SimpleNamespace(token_to_kv_pool=object(), req_to_token_pool=req, device="cpu"))
+
+
+def test_three_bit_key_pool():
+    """key_bits 3: key rows d/4 + d/8 bytes, value rows d/4, the bytes still those of PageGeometry."""
+    pool = _pool(layers=2, heads=2, d=64, page=16, size=8 * 16, key_bits=3)
+    g = pool.geometry
+    assert g.key_bits == 3 and pool.k_codes[0].shape[-1] == 24 and pool.v_codes[0].shape[-1] == 16
+    k_bytes, v_bytes = pool.get_kv_size_bytes()
+    assert k_bytes + v_bytes == 9 * 16 * g.int2_token_bytes() + pool.arena.arena_bytes()
+    assert pool.paged_kv(0).geometry().key_bits == 3

@@ -82,7 +82,7 @@ def load_rank_rotations(settings: OscarSettings, model_config, tp_rank: int, tp_
     return rank_rotations(rotations, n_layers=model_config.num_hidden_layers,
                           n_kv_heads=model_config.get_total_num_kv_heads(), head_dim=model_config.head_dim,
                           tp_rank=tp_rank, tp_size=tp_size, start_layer=start_layer, end_layer=end_layer,
-                          k_clip=settings.k_clip, v_clip=settings.v_clip)
+                          k_clip=settings.key_clip, v_clip=settings.v_clip)
 
 
 def register() -> None:

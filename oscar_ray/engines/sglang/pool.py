@@ -98,7 +98,7 @@ class OscarMHATokenToKVPool(MHATokenToKVPool):
             return [torch.zeros(shape, dtype=dtype, device=dev) for _ in range(self.layer_num)]
 
         with self.memory_saver_adapter.region(GPU_MEMORY_TYPE_KV_CACHE):
-            self.k_codes = per_layer(g.int2_code_shape(n_pages), torch.uint8)
+            self.k_codes = per_layer(g.key_code_shape(n_pages), torch.uint8)
             self.v_codes = per_layer(g.int2_code_shape(n_pages), torch.uint8)
             self.k_scales = per_layer(g.int2_scale_shape(n_pages), sdt)
             self.v_scales = per_layer(g.int2_scale_shape(n_pages), sdt)
@@ -107,7 +107,7 @@ class OscarMHATokenToKVPool(MHATokenToKVPool):
         self.ring_tag = torch.full((self.arena.n_pages,), -1, dtype=torch.int32, device=dev)
         self.slot_owner = torch.full((n_pages,), -1, dtype=torch.int32, device=dev)
         # slot-row views for sglang's generic bookkeeping (data pointers, size logs); never KV values
-        self.k_buffer = [c.view(rows, h, d // 4) for c in self.k_codes]
+        self.k_buffer = [c.view(rows, h, c.shape[-1]) for c in self.k_codes]
         self.v_buffer = [c.view(rows, h, d // 4) for c in self.v_codes]
         self.k_scale_buffer = self.v_scale_buffer = None
         self.native_k_scale_buffer = self.native_v_scale_buffer = None
@@ -124,7 +124,7 @@ class OscarMHATokenToKVPool(MHATokenToKVPool):
     def _paged(self, local_layer: int) -> PagedKV:
         return PagedKV(self.k_codes[local_layer], self.k_scales[local_layer], self.v_codes[local_layer],
                        self.v_scales[local_layer], self.k_bf16[local_layer], self.v_bf16[local_layer],
-                       group_size=self.geometry.group_size)
+                       group_size=self.geometry.group_size, key_bits=self.geometry.key_bits)
 
     def paged_kv(self, layer_id: int) -> PagedKV:
         """Both tiers of global layer `layer_id`, as oscar_ray.kernels read them."""
@@ -147,7 +147,8 @@ class OscarMHATokenToKVPool(MHATokenToKVPool):
         r_k, r_v, k_clip, v_clip = self.rotations.layer(layer_id)
         r_v_write = None if self.oscar.settings.absorb_v else r_v  # absorbed: v already is v·R_V
         gs = self.geometry.group_size
-        int2_write(k, r_k, k_clip, plan.int2_page, plan.int2_off, self.k_codes[local], self.k_scales[local], gs)
+        int2_write(k, r_k, k_clip, plan.int2_page, plan.int2_off, self.k_codes[local], self.k_scales[local], gs,
+                   bits=self.geometry.key_bits)
         int2_write(v, r_v_write, v_clip, plan.int2_page, plan.int2_off, self.v_codes[local], self.v_scales[local],
                    gs)
         bf16_write(k, r_k, plan.bf16_page, plan.bf16_off, self.k_bf16[local])

@@ -26,7 +26,8 @@ class OscarSettings:
     rotations: a RotationSet directory, or IDENTITY.  k_clip / v_clip None: use the artifact's
     per-layer ratios (identity: the defaults 0.96 / 0.92).  absorb_v: fold R_V into W_v / W_o
     at weight load (no runtime o·R_Vᵀ); False rotates V in the write kernel and un-rotates the
-    attention output instead.
+    attention output instead.  key_bits 3: 3-bit keys (PageGeometry.key_bits), stored unclipped
+    unless k_clip is set, as the torch engine does.
     """
 
     rotations: str
@@ -37,8 +38,11 @@ class OscarSettings:
     k_clip: float | None = None
     v_clip: float | None = None
     absorb_v: bool = True
+    key_bits: int = 2
 
     def __post_init__(self) -> None:
+        if self.key_bits not in (2, 3):
+            raise ValueError(f"{SGLANG_ENV['key_bits']} must be 2 or 3, got {self.key_bits}")
         if not self.rotations:
             raise ValueError(f"{SGLANG_ENV['rotations']} is required: a RotationSet directory or "
                              f"'{IDENTITY}' for plain INT2 without rotations")
@@ -62,11 +66,19 @@ class OscarSettings:
         """The OSCAR_* variables that reproduce these settings in another process."""
         out = {SGLANG_ENV["rotations"]: self.rotations, SGLANG_ENV["sink_tokens"]: str(self.sink_tokens),
                SGLANG_ENV["recent_tokens"]: str(self.recent_tokens), SGLANG_ENV["scale_dtype"]: self.scale_dtype,
-               SGLANG_ENV["absorb_v"]: "1" if self.absorb_v else "0"}
+               SGLANG_ENV["absorb_v"]: "1" if self.absorb_v else "0", SGLANG_ENV["key_bits"]: str(self.key_bits)}
         for name in ("group_size", "k_clip", "v_clip"):
             if getattr(self, name) is not None:
                 out[SGLANG_ENV[name]] = str(getattr(self, name))
         return out
+
+    @property
+    def key_clip(self) -> float | None:
+        """The key clip override: k_clip, else none at all for 3-bit keys (the artifact's per-layer
+        ratios are fitted for 4 levels), else None (the artifact's)."""
+        if self.k_clip is not None or self.key_bits == 2:
+            return self.k_clip
+        return 0.0
 
     @property
     def identity(self) -> bool:
@@ -77,4 +89,4 @@ class OscarSettings:
         sink / recent windows are not whole pages of sglang's --page-size)."""
         return PageGeometry(n_layers, n_kv_heads, head_dim, page_size, group_size=self.group_size,
                             scale_bytes=SCALE_BYTES[self.scale_dtype], sink_tokens=self.sink_tokens,
-                            recent_tokens=self.recent_tokens)
+                            recent_tokens=self.recent_tokens, key_bits=self.key_bits)

@@ -2,7 +2,7 @@
 
 Per layer (kernels/layout.py), one tensor per kind with a leading layer dimension so that
 `paged(l)` is a contiguous view the kernels accept:
-    k_codes, v_codes   uint8      [L, n_int2 (≥1), page, H_kv, d/4]
+    k_codes, v_codes   uint8      [L, n_int2 (≥1), page, H_kv, d/4]  (keys d/4 + d/8 at key_bits 3)
     k_scales, v_scales fp16|fp32  [L, n_int2 (≥1), page, H_kv, 2·G]
     k_bf16, v_bf16     bfloat16   [L, n_bf16, page, H_kv, d]
 Keys are stored rotated (k·R_K), values rotated by the absorbed W_v, so no rotation happens here.
@@ -18,7 +18,7 @@ import torch
 from oscar_ray.cache import Demotion, PageCopy, PageGeometry, PageKind
 from oscar_ray.kernels.layout import PagedKV
 from oscar_ray.kernels.reference import int2_write_reference
-from oscar_ray.quant.int2 import dequantize_int2, scale_dtype_of, unpack_int2
+from oscar_ray.quant.int2 import dequantize_int2, scale_dtype_of, unpack_codes
 
 
 class KVStore:
@@ -34,7 +34,9 @@ class KVStore:
         n2 = max(1, n_int2_pages)  # the kernels want a real tensor even when the pool is empty
         L, P, H, d = g.n_layers, g.page_size, g.n_kv_heads, g.head_dim
         mk = lambda shape, dt: torch.zeros(shape, dtype=dt, device=self.device)  # noqa: E731
-        self.k_codes, self.v_codes = (mk((L, n2, P, H, d // 4), torch.uint8) for _ in range(2))
+        self.key_bits = g.key_bits
+        self.k_codes = mk((L,) + g.key_code_shape(n2), torch.uint8)
+        self.v_codes = mk((L,) + g.int2_code_shape(n2), torch.uint8)
         self.k_scales, self.v_scales = (mk((L, n2, P, H, 2 * g.groups), self.scale_dtype) for _ in range(2))
         self.k_bf16, self.v_bf16 = (mk((L, n_bf16_pages, P, H, d), torch.bfloat16) for _ in range(2))
         self.k_clip = [float(c) for c in k_clip]
@@ -46,7 +48,7 @@ class KVStore:
 
     def paged(self, layer: int) -> PagedKV:
         return PagedKV(self.k_codes[layer], self.k_scales[layer], self.v_codes[layer], self.v_scales[layer],
-                       self.k_bf16[layer], self.v_bf16[layer], group_size=self.group_size)
+                       self.k_bf16[layer], self.v_bf16[layer], group_size=self.group_size, key_bits=self.key_bits)
 
     # --- writes (new tokens of one layer) ------------------------------------------------------
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, int2_slots, bf16_slots) -> None:
@@ -65,17 +67,22 @@ class KVStore:
                 bf16_write(k[rows].contiguous(), None, pages, offs, self.k_bf16[layer])
                 bf16_write(v[rows].contiguous(), None, pages, offs, self.v_bf16[layer])
 
+    def _sides(self, layer: int):
+        """(codes, scales, clip, bits) of K then V for `layer`."""
+        return ((self.k_codes, self.k_scales, self.k_clip[layer], self.key_bits),
+                (self.v_codes, self.v_scales, self.v_clip[layer], 2))
+
     def _write_int2(self, layer, k, v, pages, offs) -> None:
-        for x, codes, scales, clip in ((k, self.k_codes, self.k_scales, self.k_clip[layer]),
-                                       (v, self.v_codes, self.v_scales, self.v_clip[layer])):
+        for x, (codes, scales, clip, bits) in zip((k, v), self._sides(layer)):
             if self.cpu:
-                c, s = int2_write_reference(x, None, clip, self.group_size, self.scale_dtype)
+                c, s = int2_write_reference(x, None, clip, self.group_size, self.scale_dtype, bits)
                 codes[layer][pages.long(), offs.long()] = c
                 scales[layer][pages.long(), offs.long()] = s
             else:
                 from oscar_ray.kernels import int2_write
 
-                int2_write(x.contiguous(), None, clip, pages, offs, codes[layer], scales[layer], self.group_size)
+                int2_write(x.contiguous(), None, clip, pages, offs, codes[layer], scales[layer], self.group_size,
+                           bits=bits)
 
     # --- data moves (all layers) ---------------------------------------------------------------
     def demote(self, demotions: list[Demotion]) -> None:
@@ -87,17 +94,17 @@ class KVStore:
         dst = torch.tensor([m.dst for m in demotions], dtype=torch.int32, device=self.device)
         g = self.geometry
         for layer in range(g.n_layers):
-            for bf16, codes, scales, clip in ((self.k_bf16, self.k_codes, self.k_scales, self.k_clip[layer]),
-                                              (self.v_bf16, self.v_codes, self.v_scales, self.v_clip[layer])):
+            for bf16, (codes, scales, clip, bits) in zip((self.k_bf16, self.v_bf16), self._sides(layer)):
                 if self.cpu:
                     rows = bf16[layer][src.long()].reshape(-1, g.n_kv_heads, g.head_dim)
-                    c, s = int2_write_reference(rows, None, clip, self.group_size, self.scale_dtype)
+                    c, s = int2_write_reference(rows, None, clip, self.group_size, self.scale_dtype, bits)
                     codes[layer][dst.long()] = c.reshape(len(demotions), g.page_size, g.n_kv_heads, -1)
                     scales[layer][dst.long()] = s.reshape(len(demotions), g.page_size, g.n_kv_heads, -1)
                 else:
                     from oscar_ray.kernels import demote_pages
 
-                    demote_pages(bf16[layer], src, dst, codes[layer], scales[layer], clip, self.group_size)
+                    demote_pages(bf16[layer], src, dst, codes[layer], scales[layer], clip, self.group_size,
+                                 bits=bits)
 
     def copy(self, copies: list[PageCopy]) -> None:
         """Copy token ranges between pages of one kind (issued by `fork` for a partial tail page)."""
@@ -114,13 +121,13 @@ class KVStore:
         (K, V) float32 [..., T2 + T16, H_kv, d]: dequantised INT2 tokens, then BF16 tokens."""
         g = self.geometry
         out = []
-        for codes, scales, bf16 in ((self.k_codes, self.k_scales, self.k_bf16),
-                                    (self.v_codes, self.v_scales, self.v_bf16)):
+        for codes, scales, bf16, bits in ((self.k_codes, self.k_scales, self.k_bf16, self.key_bits),
+                                          (self.v_codes, self.v_scales, self.v_bf16, 2)):
             parts = []
             if int2_idx.shape[-1]:
-                c = codes[layer].view(-1, g.n_kv_heads, g.head_dim // 4)[int2_idx]
+                c = codes[layer].view(-1, g.n_kv_heads, codes.shape[-1])[int2_idx]
                 s = scales[layer].view(-1, g.n_kv_heads, 2 * g.groups)[int2_idx]
-                parts.append(dequantize_int2(unpack_int2(c), s, self.group_size))
+                parts.append(dequantize_int2(unpack_codes(c, bits), s, self.group_size))
             parts.append(bf16[layer].view(-1, g.n_kv_heads, g.head_dim)[bf16_idx].to(torch.float32))
             out.append(torch.cat(parts, dim=-3) if len(parts) > 1 else parts[0])
         return out[0], out[1]

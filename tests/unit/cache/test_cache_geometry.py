@@ -40,6 +40,15 @@ def test_group_size_default_and_smaller_groups():
     assert g.int2_page_bytes() == 2 * (32 + 16)
 
 
+def test_three_bit_keys():
+    g = one_head(key_bits=3)  # keys 32 B + a 16 B bit plane + 4 B scales, values 36 B
+    assert g.key_code_shape(5) == (5, 1, 1, 48) and g.int2_code_shape(5) == (5, 1, 1, 32)
+    assert g.int2_page_bytes() == 88 and round(g.bf16_page_bytes() / g.int2_page_bytes(), 1) == 5.8
+    small = one_head(head_dim=64, key_bits=3)  # SmolLM2: 24 + 4 + 16 + 4 = 48 B vs 40 B at INT2 keys
+    assert small.int2_page_bytes() == 48 and one_head(head_dim=64).int2_page_bytes() == 40
+    assert one_head().key_code_shape(2) == one_head().int2_code_shape(2)
+
+
 def test_page_bytes_cover_all_layers_heads_and_tokens():
     g = PageGeometry(36, 8, 128, 64)  # Qwen3-8B
     assert g.bf16_page_bytes() == 64 * 36 * 8 * 512
@@ -61,6 +70,9 @@ def test_page_bytes_cover_all_layers_heads_and_tokens():
         (dict(recent_tokens=100), "recent_tokens"),
         (dict(recent_tokens=-64), "recent_tokens"),
         (dict(n_layers=2.0), "n_layers"),
+        (dict(key_bits=4), "key_bits"),
+        (dict(key_bits=True), "key_bits"),
+        (dict(key_bits=3, head_dim=4), "key_bits"),
     ],
 )
 def test_validation_names_the_parameter(kwargs, name):

@@ -33,15 +33,18 @@ def rotations(tmp_path_factory):
     return save_random_rotations(tmp_path_factory.mktemp("rot"), 2, 64, 2, "Qwen3ForCausalLM")
 
 
-def _run(kv_cache: str, rotations: str, kernels: bool) -> list[torch.Tensor]:
+def _run(kv_cache: str, rotations: str, kernels: bool, key_bits: int = 2) -> list[torch.Tensor]:
     from oscar_ray.engines.torch import TorchEngineConfig
     from oscar_ray.engines.torch.core import EngineCore
     from oscar_ray.engines.torch.scheduler import Seq
 
     cfg = TorchEngineConfig(model="tiny", kv_cache=kv_cache, rotations=rotations if kv_cache == "oscar" else None,
                             max_model_len=128, num_bf16_pages=40, num_int2_pages=None if kv_cache == "bf16" else 24,
-                            max_num_seqs=2, max_batched_tokens=64, prefix_caching=False, cache=CACHE)
+                            max_num_seqs=2, max_batched_tokens=64, prefix_caching=False,
+                            cache={**CACHE, "key_bits": key_bits})
     core = EngineCore(cfg, _model(), None)
+    if kv_cache == "oscar":
+        assert core.store.k_codes.shape[-1] == 64 * key_bits // 8
     core.store.cpu = not kernels  # the CUDA branch on CPU tensors: Triton's interpreter runs the kernels
     gen = torch.Generator().manual_seed(2)
     seqs = [Seq(f"r{i}", torch.randint(0, 128, (n,), generator=gen).tolist(), n, DECODES) for i, n in enumerate(PROMPTS)]
@@ -59,10 +62,10 @@ def _run(kv_cache: str, rotations: str, kernels: bool) -> list[torch.Tensor]:
     return logits
 
 
-@pytest.mark.parametrize("kv_cache", ["oscar", "bf16"])
-def test_triton_path_matches_reference(interpreted, rotations, kv_cache):
-    ref = _run(kv_cache, rotations, kernels=False)
-    got = _run(kv_cache, rotations, kernels=True)
+@pytest.mark.parametrize("kv_cache, key_bits", [("oscar", 2), ("bf16", 2), ("oscar", 3)])
+def test_triton_path_matches_reference(interpreted, rotations, kv_cache, key_bits):
+    ref = _run(kv_cache, rotations, kernels=False, key_bits=key_bits)
+    got = _run(kv_cache, rotations, kernels=True, key_bits=key_bits)
     assert len(got) == len(ref) >= 2 * DECODES  # the same schedule on both paths
     # ‖Δ‖/‖ref‖ per step.  bf16: the kernels' bf16 dot operands, 3-5e-3 seen.  oscar: 4e-3 to 5e-2 seen,
     # since layer 1's K/V differ by that rounding and an INT2 code near a step boundary flips (a

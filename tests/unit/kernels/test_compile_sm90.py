@@ -29,15 +29,16 @@ SCRIPT = textwrap.dedent('''
         print(fn.__name__, {k: v for k, v in constexprs.items() if k in ("PRECISION", "GS", "INT2")}, shared)
 
     P = lambda t: "*" + t
-    for fp16, gs in ((True, 128), (False, 64)):
+    for fp16, gs, bits in ((True, 128, 2), (False, 64, 2), (True, 128, 3)):
         check(write._int2_write_kernel, dict(x_ptr=P("bf16"), r_ptr=P("fp32"), page_ptr=P("i32"), off_ptr=P("i32"),
               codes_ptr=P("u8"), scales_ptr=P("fp16" if fp16 else "fp32")),
-              dict(D=128, GS=gs, BR=16, ROTATE=True, KC=16, CLIP=True, CLIP_IDX=122, SCALE_FP16=fp16))
+              dict(D=128, GS=gs, BR=16, ROTATE=True, KC=16, CLIP=True, CLIP_IDX=122, SCALE_FP16=fp16, BITS=bits))
     check(write._bf16_write_kernel, dict(x_ptr=P("bf16"), r_ptr=P("fp32"), page_ptr=P("i32"), off_ptr=P("i32"),
           out_ptr=P("bf16")), dict(D=128, BR=16, ROTATE=True, KC=16))
-    check(write._demote_pages_kernel, dict(src_ptr=P("bf16"), src_ids_ptr=P("i32"), dst_ids_ptr=P("i32"),
-          codes_ptr=P("u8"), scales_ptr=P("fp32")), dict(D=128, GS=128, BR=8, CLIP=True, CLIP_IDX=122,
-          SCALE_FP16=False))
+    for bits in (2, 3):
+        check(write._demote_pages_kernel, dict(src_ptr=P("bf16"), src_ids_ptr=P("i32"), dst_ids_ptr=P("i32"),
+              codes_ptr=P("u8"), scales_ptr=P("fp32")), dict(D=128, GS=128, BR=8, CLIP=True, CLIP_IDX=122,
+              SCALE_FP16=False, BITS=bits))
     d1 = dict(q_ptr=P("fp32"), kc_ptr=P("u8"), ks_ptr=P("fp32"), vc_ptr=P("u8"), vs_ptr=P("fp32"), t2_ptr=P("i32"),
               l2_ptr=P("i32"), kb_ptr=P("bf16"), vb_ptr=P("bf16"), t16_ptr=P("i32"), l16_ptr=P("i32"),
               mid_o_ptr=P("fp32"), mid_lse_ptr=P("fp32"), qk_scale="fp32")
@@ -45,24 +46,28 @@ SCRIPT = textwrap.dedent('''
         # the default layout (one group) must stay light: 3+ programs of 4 warps per SM need <= 48 KB each
         # (tf32 / ieee, for checks, stage fp32 operands: 84 KB at these defaults)
         check(da._decode_stage1_kernel, d1, dict(GQA=4, PAGE2=8, PAGE16=8, D=128, GS=128, SPLITS2=17, SPLITS16=4,
-              BLOCK_H=16, BLOCK_N2=128, BLOCK_N16=64, PRECISION=prec), num_stages=3,
+              BLOCK_H=16, BLOCK_N2=128, BLOCK_N16=64, PRECISION=prec, KEY_BITS=2), num_stages=3,
               max_shared=48 << 10 if prec in ("bf16", "fp16") else None)
+    # 3-bit keys at the launcher's defaults (factored path, generic key unpack)
+    check(da._decode_stage1_kernel, d1, dict(GQA=4, PAGE2=8, PAGE16=8, D=128, GS=128, SPLITS2=17, SPLITS16=4,
+          BLOCK_H=16, BLOCK_N2=128, BLOCK_N16=64, PRECISION="bf16", KEY_BITS=3), num_stages=3, max_shared=64 << 10)
     for prec in ("bf16", "ieee"):  # several groups per row: the launcher's 64 / 2 default fits the 227 KB
         check(da._decode_stage1_kernel, d1, dict(GQA=4, PAGE2=8, PAGE16=8, D=128, GS=64, SPLITS2=17, SPLITS16=4,
-              BLOCK_H=16, BLOCK_N2=64, BLOCK_N16=64, PRECISION=prec), num_stages=2, max_shared=227 << 10)
+              BLOCK_H=16, BLOCK_N2=64, BLOCK_N16=64, PRECISION=prec, KEY_BITS=2), num_stages=2,
+              max_shared=227 << 10)
     check(da._decode_stage1_kernel, dict(d1, ks_ptr=P("fp16"), vs_ptr=P("fp16")), dict(GQA=12, PAGE2=8, PAGE16=8,
-          D=64, GS=32, SPLITS2=4, SPLITS16=2, BLOCK_H=16, BLOCK_N2=64, BLOCK_N16=64, PRECISION="bf16"))
+          D=64, GS=32, SPLITS2=4, SPLITS16=2, BLOCK_H=16, BLOCK_N2=64, BLOCK_N16=64, PRECISION="bf16", KEY_BITS=3))
     # the launcher's short-work tile (default_block_n) at its default stages
     check(da._decode_stage1_kernel, d1, dict(GQA=4, PAGE2=8, PAGE16=8, D=128, GS=128, SPLITS2=63, SPLITS16=8,
-          BLOCK_H=16, BLOCK_N2=64, BLOCK_N16=64, PRECISION="bf16"), num_stages=3, max_shared=48 << 10)
+          BLOCK_H=16, BLOCK_N2=64, BLOCK_N16=64, PRECISION="bf16", KEY_BITS=2), num_stages=3, max_shared=48 << 10)
     check(da._decode_merge_kernel, dict(mid_o_ptr=P("fp32"), mid_lse_ptr=P("fp32"), out_ptr=P("fp32")),
           dict(D=128, BLOCK_S=128))
     e = dict(q_ptr=P("bf16"), kn_ptr=P("bf16"), vn_ptr=P("bf16"), kc_ptr=P("u8"), ks_ptr=P("fp32"), vc_ptr=P("u8"),
              vs_ptr=P("fp32"), kb_ptr=P("bf16"), vb_ptr=P("bf16"), t2_ptr=P("i32"), l2_ptr=P("i32"), t16_ptr=P("i32"),
              l16_ptr=P("i32"), indptr_ptr=P("i32"), out_ptr=P("fp32"), qk_scale="fp32")
-    for prec, gs in (("bf16", 128), ("tf32", 64)):
+    for prec, gs, kb in (("bf16", 128, 2), ("tf32", 64, 2), ("bf16", 128, 3)):
         check(ea._extend_kernel, e, dict(GQA=4, PAGE2=8, PAGE16=8, D=128, GS=gs, BLOCK_M=64, BLOCK_N=32,
-              PRECISION=prec))
+              PRECISION=prec, KEY_BITS=kb))
     print("ALL OK")
 ''')
 

@@ -102,3 +102,30 @@ def test_decode_argument_errors():
         int2_decode_attention(q, kv, seg, k_rotation=torch.eye(32))
     with pytest.raises(ValueError, match="num_splits"):
         int2_decode_attention(q, kv, seg, num_splits=-2)
+
+
+@pytest.mark.parametrize("precision, group_size, d", [("ieee", None, 64), ("ieee", 32, 128), ("bf16", None, 128),
+                                                      ("fp16", 16, 64)])
+def test_three_bit_keys(seed, precision, group_size, d):
+    # 3-bit key rows (d/4 + d/8 bytes, own strides) beside INT2 values, on the factored and the
+    # dequantising paths; random bytes exercise every bit of the plane
+    kv, seg = random_mixed_cache([0, 1, 77, 40], [13, 0, 9, 1], 2, d, group_size=group_size, key_bits=3,
+                                 scale_dtype=torch.float16, seed=seed)
+    assert kv.k_codes.shape[-1] == 3 * d // 8 and kv.k_codes.stride() != kv.v_codes.stride()
+    q = torch.randn(4, 8, d)
+    out = int2_decode_attention(q, kv, seg, num_splits=3, block_n=16, precision=precision)
+    ref = decode_attention_reference(q, kv, seg)
+    assert_close_verbose(out, ref, *TOLERANCES[precision], what=f"3-bit keys {precision} gs={group_size}")
+    # the plane matters: the same cache read as INT2 keys (plane dropped) gives another answer
+    k2 = kv.k_codes[..., : d // 4].contiguous()
+    kv2 = type(kv)(k2, kv.k_scales, kv.v_codes, kv.v_scales, kv.k_bf16, kv.v_bf16, group_size)
+    assert (decode_attention_reference(q, kv2, seg) - ref).abs().max() > 1e-2
+
+
+def test_three_bit_key_shape_errors():
+    kv, seg = random_mixed_cache([8], [8], 2, 64, key_bits=3)
+    bad = type(kv)(kv.k_codes, kv.k_scales, kv.v_codes, kv.v_scales, kv.k_bf16, kv.v_bf16, None, 2)
+    with pytest.raises(ValueError, match="k_codes"):
+        int2_decode_attention(torch.randn(1, 4, 64), bad, seg)
+    with pytest.raises(ValueError, match="bits"):
+        type(kv)(kv.k_codes, kv.k_scales, kv.v_codes, kv.v_scales, kv.k_bf16, kv.v_bf16, None, 4).geometry()

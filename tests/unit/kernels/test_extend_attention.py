@@ -45,6 +45,17 @@ def test_extend_single_request_rotated_bf16(seed, group_size, scale_dtype):
     assert_close_verbose(out, rotate_heads(ref, rv, transpose=True), *TOLERANCES["bf16"], what="rotated bf16")
 
 
+@pytest.mark.parametrize("group_size, precision", [(None, "ieee"), (32, "ieee"), (None, "bf16")])
+def test_extend_three_bit_keys(seed, group_size, precision):
+    d, hkv = 64, 2
+    kv, seg = random_mixed_cache([37, 0, 70], [10, 0, 3], hkv, d, group_size=group_size, key_bits=3,
+                                 scale_dtype=torch.float16, seed=seed)
+    q, k, v, indptr = _chunk([21, 19, 1], hkv * 4, hkv, d)
+    out = int2_extend_attention(q, k, v, kv, seg, indptr, block_m=16, block_n=16, precision=precision)
+    assert_close_verbose(out, extend_attention_reference(q, k, v, kv, seg, indptr), *TOLERANCES[precision],
+                         what=f"3-bit keys gs={group_size} {precision}")
+
+
 def test_extend_block_invariance(seed):
     kv, seg = random_mixed_cache([20], [9], 1, 64, seed=seed)
     q, k, v, _ = _chunk([40], 4, 1, 64)

@@ -47,8 +47,8 @@ def _slots(n, n_pages, consecutive_from=None):
     return (flat // PAGE).int(), (flat % PAGE).int(), flat
 
 
-def _pages(n_pages, h, d, groups, scale_dtype):
-    codes = torch.full((n_pages, PAGE, h, d // 4), SENTINEL, dtype=torch.uint8)
+def _pages(n_pages, h, d, groups, scale_dtype, bits=2):
+    codes = torch.full((n_pages, PAGE, h, d * bits // 8), SENTINEL, dtype=torch.uint8)
     scales = torch.full((n_pages, PAGE, h, 2 * groups), -7.0, dtype=scale_dtype)
     return codes, scales
 
@@ -140,6 +140,31 @@ def test_demote_pages_bit_exact(seed, d, scale_dtype, halves):
     _check_written(codes, scales, flat, *int2_write_reference(rows, None, 0.96, gs, scale_dtype))
 
 
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("scale_dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("halves", [False, True])
+def test_three_bit_write_and_demote_bit_exact(seed, d, scale_dtype, halves):
+    # the 3-bit key layout: 7-step grid, low bits quartered, bit 2 in the trailing d/8-byte plane
+    h, n, n_pages = 2, 37, 7
+    gs = d // 2 if halves else None
+    x = _special_rows(_dyadic(n, h, d))
+    r = _rotation("per_head", h, d)
+    pid, off, flat = _slots(n, n_pages)
+    codes, scales = _pages(n_pages, h, d, 2 if halves else 1, scale_dtype, bits=3)
+    int2_write(x, r, 0.9, pid, off, codes, scales, group_size=gs, bits=3)
+    ref_c, ref_s = int2_write_reference(x, r, 0.9, gs, scale_dtype, bits=3)
+    assert ref_c.shape[-1] == 3 * d // 8 and int((ref_c[..., d // 4:] != 0).sum()) > 0  # the plane is used
+    _check_written(codes, scales, flat, ref_c, ref_s)
+
+    src_pages = (torch.randn(6, PAGE, h, d) * 2).to(torch.bfloat16)
+    src, dst = torch.tensor([4, 0], dtype=torch.int32), torch.tensor([1, 5], dtype=torch.int32)
+    codes, scales = _pages(n_pages, h, d, 2 if halves else 1, scale_dtype, bits=3)
+    demote_pages(src_pages, src, dst, codes, scales, 0.0, group_size=gs, bits=3)
+    rows = src_pages[src.long()].flatten(0, 1)
+    flat = (dst.long()[:, None] * PAGE + torch.arange(PAGE)).flatten()
+    _check_written(codes, scales, flat, *int2_write_reference(rows, None, 0.0, gs, scale_dtype, bits=3))
+
+
 def test_write_argument_errors():
     x = torch.randn(4, 2, 64)
     pid = torch.zeros(4, dtype=torch.int32)
@@ -156,3 +181,7 @@ def test_write_argument_errors():
         int2_write(x, None, 0.0, pid, pid, codes, scales, group_size=48)
     with pytest.raises(ValueError, match="codes"):
         int2_write(x, None, 0.0, pid, pid, codes[..., :8], scales)
+    with pytest.raises(ValueError, match="codes"):  # 3-bit rows need d/4 + d/8 bytes
+        int2_write(x, None, 0.0, pid, pid, codes, scales, bits=3)
+    with pytest.raises(ValueError, match="bits"):
+        int2_write(x, None, 0.0, pid, pid, codes, scales, bits=4)

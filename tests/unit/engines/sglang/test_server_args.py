@@ -81,6 +81,7 @@ def test_bad_config_names_the_field(kwargs, field):
     ({"OSCAR_ROTATIONS": "identity", "OSCAR_SCALE_DTYPE": "int8"}, "OSCAR_SCALE_DTYPE"),
     ({"OSCAR_ROTATIONS": "identity", "OSCAR_K_CLIP": "1.5"}, "OSCAR_K_CLIP"),
     ({"OSCAR_ROTATIONS": "identity", "OSCAR_ABSORB_V": "yes"}, "OSCAR_ABSORB_V"),
+    ({"OSCAR_ROTATIONS": "identity", "OSCAR_KEY_BITS": "4"}, "OSCAR_KEY_BITS"),
 ])
 def test_bad_env_names_the_variable(env, name):
     with pytest.raises(ValueError, match=name):
@@ -93,3 +94,15 @@ def test_settings_geometry_needs_whole_pages():
     assert (g.sink_tokens, g.recent_tokens, g.scale_bytes, g.n_kv_heads) == (48, 256, 4, 4)
     with pytest.raises(ValueError, match="sink_tokens=48 must be a multiple of page_size=64"):
         s.geometry(36, 4, 128, 64)
+
+
+def test_three_bit_keys_travel_to_every_process():
+    cfg = SGLangEngineConfig(model_path="m", rotations="/art/q3", cache=OscarCacheConfig(key_bits=3))
+    env = sglang_env(cfg)
+    assert env["OSCAR_KEY_BITS"] == "3"
+    s = OscarSettings.from_env(env)
+    assert s == cfg.settings() and s.key_bits == 3
+    assert s.geometry(36, 8, 128, 64).key_code_shape(1)[-1] == 48
+    assert s.key_clip == 0.0  # the artifact's INT2 clip ratios do not apply to 8 levels
+    assert OscarSettings(rotations="identity").key_clip is None  # INT2 keys: the artifact's ratios
+    assert OscarSettings(rotations="identity", key_bits=3, k_clip=0.9).key_clip == 0.9
