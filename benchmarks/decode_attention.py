@@ -93,18 +93,20 @@ def _fits(nbytes: int, device: str) -> bool:
 def bench_decode(batch: int, ctx: int, args, device: str) -> list[str] | None:
     n2 = ctx - SINK - RECENT
     es = torch.finfo(args.scale_dtype).bits // 8
-    ours_bytes = batch * (n2 * HKV * (D // 4 + 2 * es) * 2 + (SINK + RECENT) * HKV * D * 2 * 2) + 2 * batch * HQ * D * 4
+    k_code = D * args.key_bits // 8  # 3-bit keys: one more d/8-byte plane
+    ours_bytes = (batch * (n2 * HKV * (k_code + D // 4 + 4 * es) + (SINK + RECENT) * HKV * D * 2 * 2)
+                  + 2 * batch * HQ * D * 4)
     sdpa_bytes = batch * ctx * HKV * D * 2 * 2 + 2 * batch * HQ * D * 2
     if not _fits(3 * (ours_bytes + sdpa_bytes), device):
         return [str(batch), str(ctx), "skipped (memory)", "", "", "", "", "", ""]
     kv, seg = random_mixed_cache([n2] * batch, [SINK + RECENT] * batch, HKV, D, scale_dtype=args.scale_dtype,
-                                 device=device)
+                                 device=device, key_bits=args.key_bits)
     block_n = args.block_n or default_block_n(batch, HKV, n2)
     splits = args.num_splits or default_num_splits(batch, HKV, n2, block_n=block_n)
     q = torch.randn(batch, HQ, D, device=device)
 
     def ours(copies):
-        caches = [(kv, seg)] + [(type(kv)(*[t.clone() for t in list(_tensors(kv))], kv.group_size),
+        caches = [(kv, seg)] + [(type(kv)(*[t.clone() for t in list(_tensors(kv))], kv.group_size, kv.key_bits),
                                  type(seg)(*[t.clone() for t in _tensors(seg)])) for _ in range(copies - 1)]
         return [lambda c=c: int2_decode_attention(q, c[0], c[1], num_splits=splits, block_n=block_n,
                                                   num_warps=args.num_warps, num_stages=args.num_stages,
@@ -225,7 +227,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--smoke", action="store_true", help="tiny sizes, no CUDA graphs (CPU + TRITON_INTERPRET=1)")
     p.add_argument("--contexts", type=int, nargs="+", default=[16384, 32768, 65536, 131072])
     p.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
-    p.add_argument("--extend-contexts", type=int, nargs="+", default=[8192, 32768])
+    p.add_argument("--extend-contexts", type=int, nargs="*", default=[8192, 32768])
+    p.add_argument("--key-bits", type=int, default=2, choices=[2, 3], help="3: the cache's 3-bit key layout")
     p.add_argument("--extend-chunk", type=int, default=2048)
     p.add_argument("--replays", type=int, default=20)
     p.add_argument("--repeats", type=int, default=5)
@@ -267,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
         f"- torch {torch.__version__}, triton {triton.__version__}, commit {_commit()},"
         f" python {sys.version.split()[0]}",
         f"- geometry: {HQ} q heads, {HKV} KV heads, d {D}, page {PAGE}; BF16 sink {SINK} + recent {RECENT} tokens,"
-        f" INT2 rest; scales {str(args.scale_dtype).split('.')[-1]}; decode precision {args.precision},"
+        f" INT2 rest ({args.key_bits}-bit keys); scales {str(args.scale_dtype).split('.')[-1]}; decode precision {args.precision},"
         f" block_n {args.block_n or 'default_block_n'}, warps {args.num_warps},"
         f" stages {args.num_stages},"
         f" maxnreg {'launcher default' if args.max_registers is None else args.max_registers or 'ptxas'}",

@@ -42,6 +42,38 @@ def _slots(n, n_pages):
     return (flat // PAGE).int(), (flat % PAGE).int(), flat
 
 
+@pytest.mark.parametrize("group_size", [None, D // 2])
+def test_three_bit_keys_cuda(seed, group_size):
+    # key_bits 3 on the GPU: the write and demote kernels bit-exact, decode and extend at the default bf16
+    n = 1000
+    x = torch.randn(n, HKV, D, device=CUDA) * 3
+    pid, off, flat = _slots(n, 200)
+    n_groups = 1 if group_size is None else D // group_size
+    codes = torch.zeros(200, PAGE, HKV, 3 * D // 8, dtype=torch.uint8, device=CUDA)
+    scales = torch.zeros(200, PAGE, HKV, 2 * n_groups, dtype=torch.float16, device=CUDA)
+    int2_write(x, None, 0.0, pid, off, codes, scales, group_size=group_size, bits=3)
+    ref_c, ref_s = int2_write_reference(x, None, 0.0, group_size, torch.float16, bits=3)
+    assert torch.equal(codes.flatten(0, 1)[flat], ref_c) and torch.equal(scales.flatten(0, 1)[flat], ref_s)
+    pages = (torch.randn(16, PAGE, HKV, D, device=CUDA) * 2).to(torch.bfloat16)
+    src, dst = torch.arange(16, device=CUDA, dtype=torch.int32), torch.randperm(200, device=CUDA)[:16].int()
+    demote_pages(pages, src, dst, codes, scales, 0.0, group_size=group_size, bits=3)
+    ref_c, ref_s = int2_write_reference(pages.flatten(0, 1), None, 0.0, group_size, torch.float16, bits=3)
+    assert torch.equal(codes[dst.long()].flatten(0, 1), ref_c) and torch.equal(scales[dst.long()].flatten(0, 1), ref_s)
+
+    int2, bf16 = [3001, 1, 777, 130], [320, 5, 0, 263]
+    kv, seg = random_mixed_cache(int2, bf16, HKV, D, group_size=group_size, key_bits=3, scale_dtype=torch.float16,
+                                 device=CUDA, seed=seed)
+    q = torch.randn(len(int2), HQ, D, device=CUDA)
+    out = int2_decode_attention(q, kv, seg)
+    assert_close_verbose(out, decode_attention_reference(q, kv, seg), 3e-3, 1e-2, what=f"3-bit keys {group_size}")
+    kv, seg = random_mixed_cache([1000], [64], HKV, D, group_size=group_size, key_bits=3, device=CUDA, seed=seed)
+    qe, ke, ve = (torch.randn(300, h, D, device=CUDA) for h in (HQ, HKV, HKV))
+    out = int2_extend_attention(qe, ke, ve, kv, seg)
+    assert_close_verbose(out, extend_attention_reference(qe, ke, ve, kv, seg,
+                                                         torch.tensor([0, 300], dtype=torch.int32, device=CUDA)),
+                         3e-2, 2e-2, what="3-bit keys extend")
+
+
 @pytest.mark.parametrize("scale_dtype", [torch.float16, torch.float32])
 @pytest.mark.parametrize("group_size", [None, D // 2])
 @pytest.mark.parametrize("n", [1, 1000])
