@@ -9,5 +9,6 @@ RECENT_TOKENS = 256  # last tokens kept BF16: the window decode attends to most
 K_CLIP_RATIO = 0.96  # per-token quantile clip; d=128 clips the top 5 |values| of a key row
 V_CLIP_RATIO = 0.92  # d=128 clips the top 10 |values| of a value row
 SCALE_DTYPE = "float16"  # 16-bit scale/zero: 2.25 bits/element at d=128 (fp32 gives 2.5)
+KEY_BITS = (2, 3)  # key code widths of the history tier: INT2, or a third bit plane
 PAGE_SIZE = 64  # tokens per page; sink and recent windows are whole pages
 CALIB_TOKENS_PER_LAYER = 30_000  # authors' DUMP_KVCACHE_TOKENS budget

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from oscar_ray._defaults import KEY_BITS
 from oscar_ray.cache.records import PageKind
 
 BF16_BYTES = 2  # bytes per BF16 element
@@ -84,8 +85,8 @@ class PageGeometry:
         _positive_int("group_size", self.group_size)
         if self.head_dim % self.group_size:
             raise ValueError(f"group_size={self.group_size} must divide head_dim={self.head_dim}")
-        if isinstance(self.key_bits, bool) or self.key_bits not in (2, 3):
-            raise ValueError(f"key_bits must be 2 or 3, got {self.key_bits!r}")
+        if isinstance(self.key_bits, bool) or self.key_bits not in KEY_BITS:
+            raise ValueError(f"key_bits must be one of {KEY_BITS}, got {self.key_bits!r}")
         if self.key_bits == 3 and self.head_dim % 8:
             raise ValueError(f"key_bits=3 needs head_dim divisible by 8, got {self.head_dim}")
         if self.scale_bytes not in (2, 4):

@@ -223,7 +223,8 @@ def int2_decode_attention(q: torch.Tensor, kv: PagedKV, seg: Segments, *, k_rota
         *kv.k_codes.stride()[:3], *kv.k_scales.stride()[:3], t2.stride(0), *kv.k_bf16.stride()[:3], t16.stride(0), hq,
         GQA=g, PAGE2=geo.int2_page_size, PAGE16=geo.bf16_page_size, D=d, GS=geo.group_size, SPLITS2=s2,
         SPLITS16=s16, BLOCK_H=block_h, BLOCK_N2=block_n, BLOCK_N16=bf16_block_n, PRECISION=precision,
-        KEY_BITS=geo.key_bits, num_warps=num_warps, num_stages=num_stages, **({"maxnreg": max_registers} if max_registers else {}))
+        KEY_BITS=geo.key_bits, num_warps=num_warps, num_stages=num_stages,
+        **({"maxnreg": max_registers} if max_registers else {}))
     _decode_merge_kernel[(b, hq)](mid_o, mid_lse, out, out.stride(0), out.stride(1), hq, total,
                                   D=d, BLOCK_S=triton.next_power_of_2(total), num_warps=4)
     return out if v_rotation is None else rotate_heads(out, v_rotation, transpose=True)

@@ -141,7 +141,9 @@ def int2_extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Ten
         q, k_new, v_new, kv.k_codes, kv.k_scales, kv.v_codes, kv.v_scales, kv.k_bf16, kv.v_bf16,
         t2, prefix.int2_lens, t16, prefix.bf16_lens, qo_indptr, out, qk_scale,
         q.stride(0), q.stride(1), k_new.stride(0), k_new.stride(1), *kv.v_codes.stride()[:3],
-        *kv.k_codes.stride()[:3], *kv.k_scales.stride()[:3], *kv.k_bf16.stride()[:3], t2.stride(0), t16.stride(0), out.stride(0), out.stride(1),
+        *kv.k_codes.stride()[:3], *kv.k_scales.stride()[:3], *kv.k_bf16.stride()[:3], t2.stride(0), t16.stride(0),
+        out.stride(0), out.stride(1),
         GQA=hq // hkv, PAGE2=geo.int2_page_size, PAGE16=geo.bf16_page_size, D=d, GS=geo.group_size,
-        BLOCK_M=block_m, BLOCK_N=block_n, PRECISION=precision, KEY_BITS=geo.key_bits, num_warps=num_warps, num_stages=num_stages)
+        BLOCK_M=block_m, BLOCK_N=block_n, PRECISION=precision, KEY_BITS=geo.key_bits, num_warps=num_warps,
+        num_stages=num_stages)
     return out if v_rotation is None else rotate_heads(out, v_rotation, transpose=True)

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import torch
 
+from oscar_ray._defaults import KEY_BITS  # INT2, or 3-bit keys (one more bit plane)
+
 _SCALE_DTYPES = {"float16": torch.float16, "float32": torch.float32, torch.float16: torch.float16,
                  torch.float32: torch.float32}
 
@@ -47,7 +49,6 @@ def _groups(x: torch.Tensor, group_size: int | None) -> tuple[torch.Tensor, int]
     return x.to(torch.float32).reshape(*x.shape[:-1], d // gs, gs), gs
 
 
-KEY_BITS = (2, 3)  # code widths of the cache: INT2 everywhere, or 3-bit keys (a second bit plane)
 
 
 def check_bits(bits) -> int:

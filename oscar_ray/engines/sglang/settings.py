@@ -41,8 +41,8 @@ class OscarSettings:
     key_bits: int = 2
 
     def __post_init__(self) -> None:
-        if self.key_bits not in (2, 3):
-            raise ValueError(f"{SGLANG_ENV['key_bits']} must be 2 or 3, got {self.key_bits}")
+        if self.key_bits not in D.KEY_BITS:
+            raise ValueError(f"{SGLANG_ENV['key_bits']} must be one of {D.KEY_BITS}, got {self.key_bits}")
         if not self.rotations:
             raise ValueError(f"{SGLANG_ENV['rotations']} is required: a RotationSet directory or "
                              f"'{IDENTITY}' for plain INT2 without rotations")

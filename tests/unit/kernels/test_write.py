@@ -127,23 +127,24 @@ def test_bf16_write_bit_exact(seed, rot, x_dtype):
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("scale_dtype", [torch.float16, torch.float32])
 @pytest.mark.parametrize("halves", [False, True])
-def test_demote_pages_bit_exact(seed, d, scale_dtype, halves):
+@pytest.mark.parametrize("bits, clip", [(2, 0.96), (3, 0.0), (3, 0.96)])  # 3: the 3-bit key layout
+def test_demote_pages_bit_exact(seed, d, scale_dtype, halves, bits, clip):
     h, n16, n2 = 2, 6, 9
     gs = d // 2 if halves else None
     src_pages = (torch.randn(n16, PAGE, h, d) * 2).to(torch.bfloat16)
     src = torch.tensor([4, 0, 2], dtype=torch.int32)
     dst = torch.tensor([1, 8, 5], dtype=torch.int32)
-    codes, scales = _pages(n2, h, d, 2 if halves else 1, scale_dtype)
-    demote_pages(src_pages, src, dst, codes, scales, 0.96, group_size=gs)
+    codes, scales = _pages(n2, h, d, 2 if halves else 1, scale_dtype, bits)
+    demote_pages(src_pages, src, dst, codes, scales, clip, group_size=gs, bits=bits)
     rows = src_pages[src.long()].flatten(0, 1)  # [3·PAGE, H, d] in destination order
     flat = (dst.long()[:, None] * PAGE + torch.arange(PAGE)).flatten()
-    _check_written(codes, scales, flat, *int2_write_reference(rows, None, 0.96, gs, scale_dtype))
+    _check_written(codes, scales, flat, *int2_write_reference(rows, None, clip, gs, scale_dtype, bits))
 
 
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("scale_dtype", [torch.float16, torch.float32])
 @pytest.mark.parametrize("halves", [False, True])
-def test_three_bit_write_and_demote_bit_exact(seed, d, scale_dtype, halves):
+def test_three_bit_write_bit_exact(seed, d, scale_dtype, halves):
     # the 3-bit key layout: 7-step grid, low bits quartered, bit 2 in the trailing d/8-byte plane
     h, n, n_pages = 2, 37, 7
     gs = d // 2 if halves else None
@@ -155,14 +156,6 @@ def test_three_bit_write_and_demote_bit_exact(seed, d, scale_dtype, halves):
     ref_c, ref_s = int2_write_reference(x, r, 0.9, gs, scale_dtype, bits=3)
     assert ref_c.shape[-1] == 3 * d // 8 and int((ref_c[..., d // 4:] != 0).sum()) > 0  # the plane is used
     _check_written(codes, scales, flat, ref_c, ref_s)
-
-    src_pages = (torch.randn(6, PAGE, h, d) * 2).to(torch.bfloat16)
-    src, dst = torch.tensor([4, 0], dtype=torch.int32), torch.tensor([1, 5], dtype=torch.int32)
-    codes, scales = _pages(n_pages, h, d, 2 if halves else 1, scale_dtype, bits=3)
-    demote_pages(src_pages, src, dst, codes, scales, 0.0, group_size=gs, bits=3)
-    rows = src_pages[src.long()].flatten(0, 1)
-    flat = (dst.long()[:, None] * PAGE + torch.arange(PAGE)).flatten()
-    _check_written(codes, scales, flat, *int2_write_reference(rows, None, 0.0, gs, scale_dtype, bits=3))
 
 
 def test_write_argument_errors():
