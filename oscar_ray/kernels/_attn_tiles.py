@@ -13,43 +13,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-
-@triton.jit
-def _round_tf32(x):
-    """Round fp32 to tf32 (10 mantissa bits, to nearest, ties away) so the MMA's own rounding is exact."""
-    bits = x.to(tl.int32, bitcast=True)
-    return ((bits + 0x1000) & -8192).to(tl.float32, bitcast=True)  # -8192 = 0xFFFFE000
-
-
-@triton.jit
-def _op(x, PRECISION: tl.constexpr):
-    """x (any float dtype) as the dot operand it will be: bf16 / fp16, or fp32 already rounded as the
-    MMA rounds.  Factored sums (Σq, Σ p·s·z below) must use the same rounded numbers as their dots."""
-    if PRECISION == "bf16":
-        return x.to(tl.bfloat16)
-    elif PRECISION == "fp16":
-        return x.to(tl.float16)
-    elif PRECISION == "bf16_interp":
-        return x.to(tl.bfloat16).to(tl.float32)
-    elif PRECISION == "tf32":
-        return _round_tf32(x.to(tl.float32))
-    else:
-        return x.to(tl.float32)
-
-
-@triton.jit
-def _mm(a, b, acc, PRECISION: tl.constexpr):
-    """acc + a·b with fp32 accumulation: "ieee" fp32 FMA, "tf32" / "bf16" / "fp16" tensor cores."""
-    if PRECISION == "bf16":
-        return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16), acc)
-    elif PRECISION == "fp16":
-        return tl.dot(a.to(tl.float16), b.to(tl.float16), acc)
-    elif PRECISION == "bf16_interp":
-        # the Triton 3.6 interpreter multiplies bf16 bit patterns (stored as uint16) as integers, so
-        # under TRITON_INTERPRET the bf16 rounding is emulated on fp32 operands (_validate.py)
-        return tl.dot(a.to(tl.bfloat16).to(tl.float32), b.to(tl.bfloat16).to(tl.float32), acc)
-    else:
-        return tl.dot(a, b, acc, input_precision=PRECISION)
+from ._mma import _mm, _op
+from ._unpack import CODE_OFFSET, _codes4, _codes4_offset
 
 
 @triton.jit
@@ -105,93 +70,6 @@ def _group_dequant(c, scales_ptr, sbase, m2, col, K: tl.constexpr, QD: tl.conste
     s = tl.load(sp, mask=m2, other=0.0).to(tl.float32)
     z = tl.load(sp + 1, mask=m2, other=0.0).to(tl.float32)
     return (c.to(tl.float32) - z) * s
-
-
-@triton.jit
-def _codes4(codes_ptr, cbase, nmask, QD: tl.constexpr, TRANS: tl.constexpr, PRECISION: tl.constexpr,
-            BITS: tl.constexpr = 2):
-    """The four code quarters of N packed rows as dot operands (0..7 is exact in every precision):
-    [QD, N] each when TRANS (keys), else [N, QD].  Masked tokens read code 0.  BITS 3 adds the bit
-    plane after the d/4 quartered bytes: quarter k's high bits are bits 2k (columns < d/8) and 2k+1
-    of bytes col mod d/8 (quant/int2.pack_codes)."""
-    col = tl.arange(0, QD)
-    if TRANS:
-        packed = tl.load(codes_ptr + cbase[None, :] + col[:, None], mask=nmask[None, :], other=0).to(tl.int32)
-    else:
-        packed = tl.load(codes_ptr + cbase[:, None] + col[None, :], mask=nmask[:, None], other=0).to(tl.int32)
-    c0 = packed & 3
-    c1 = (packed >> 2) & 3
-    c2 = (packed >> 4) & 3
-    c3 = (packed >> 6) & 3
-    if BITS == 3:
-        E: tl.constexpr = QD // 2
-        half = col // E  # 0 for the first d/8 columns of a quarter, 1 for the rest
-        if TRANS:
-            plane = tl.load(codes_ptr + cbase[None, :] + QD + (col % E)[:, None], mask=nmask[None, :],
-                            other=0).to(tl.int32)
-            half = half[:, None]
-        else:
-            plane = tl.load(codes_ptr + cbase[:, None] + QD + (col % E)[None, :], mask=nmask[:, None],
-                            other=0).to(tl.int32)
-            half = half[None, :]
-        c0 = c0 | (((plane >> half) & 1) << 2)
-        c1 = c1 | (((plane >> (2 + half)) & 1) << 2)
-        c2 = c2 | (((plane >> (4 + half)) & 1) << 2)
-        c3 = c3 | (((plane >> (6 + half)) & 1) << 2)
-    return (_op(c0.to(tl.float32), PRECISION), _op(c1.to(tl.float32), PRECISION),
-            _op(c2.to(tl.float32), PRECISION), _op(c3.to(tl.float32), PRECISION))
-
-
-# bf16 bit pattern of 128.0: its ulp is 1, so OR-ing a code c ∈ 0..3 into the low mantissa bits gives
-# exactly 128 + c.  Three integer ops per element (shift, and, or) replace the uint8 → bf16 conversion
-# (I2F, a quarter-rate unit on sm_90: 128 per thread per 64-token K+V tile at 4 warps, ~1000 cycles
-# per tile per SM, the decode kernel's bottleneck).  The +128 folds into the zero points for free.
-CODE_OFFSET = tl.constexpr(128.0)
-# Four packed bytes (one 32-bit register, elements e0..e3) → quarters k = 0..3 as bf16 pairs
-# (e0, e1), (e2, e3): prmt spreads the bytes into the two 16-bit lanes once, then per quarter one
-# shift and one lop3 ((t & 0x00030003) | 0x43004300, LUT 0xEA) make two elements: 12 integer ops per
-# 16 elements.  Written as separate and / or, ptxas kept two LOP3s per output (offline sm_90 SASS of
-# the decode stage-1 loop, Triton 3.6: 263 -> 135 LOP3, 1319 -> 1175 instructions per warp per
-# 128-token tile; H200, bs 8 × 64K: 376.9 -> 364.7 µs).
-_UNPACK4_ASM = tl.constexpr("""{
-    .reg .b32 lo, hi, t;
-    prmt.b32 lo, $8, 0, 0x4140;
-    prmt.b32 hi, $8, 0, 0x4342;
-    lop3.b32 $0, lo, 0x00030003, 0x43004300, 0xEA;
-    lop3.b32 $1, hi, 0x00030003, 0x43004300, 0xEA;
-    shr.b32 t, lo, 2; lop3.b32 $2, t, 0x00030003, 0x43004300, 0xEA;
-    shr.b32 t, hi, 2; lop3.b32 $3, t, 0x00030003, 0x43004300, 0xEA;
-    shr.b32 t, lo, 4; lop3.b32 $4, t, 0x00030003, 0x43004300, 0xEA;
-    shr.b32 t, hi, 4; lop3.b32 $5, t, 0x00030003, 0x43004300, 0xEA;
-    shr.b32 t, lo, 6; lop3.b32 $6, t, 0x00030003, 0x43004300, 0xEA;
-    shr.b32 t, hi, 6; lop3.b32 $7, t, 0x00030003, 0x43004300, 0xEA;
-}""")
-
-
-@triton.jit
-def _codes4_offset(codes_ptr, cbase, nmask, QD: tl.constexpr, TRANS: tl.constexpr, PRECISION: tl.constexpr):
-    """The four code quarters as bf16 dot operands holding c + CODE_OFFSET (exact), for "bf16" precision.
-
-    Under the interpreter ("bf16_interp") the same values are made by fp32 addition, since its bf16
-    bitcast is not a float; the algebra the caller applies (zero point + CODE_OFFSET) is identical.
-    Masked tokens read code 0 (value CODE_OFFSET), which their zero scale / −inf score discards.
-    """
-    col = tl.arange(0, QD)
-    if TRANS:
-        packed = tl.load(codes_ptr + cbase[None, :] + col[:, None], mask=nmask[None, :], other=0)
-    else:
-        packed = tl.load(codes_ptr + cbase[:, None] + col[None, :], mask=nmask[:, None], other=0)
-    if PRECISION == "bf16":
-        c0, c1, c2, c3 = tl.inline_asm_elementwise(_UNPACK4_ASM, "=r,=r,=r,=r,=r,=r,=r,=r,r", [packed],
-                                                   dtype=(tl.bfloat16, tl.bfloat16, tl.bfloat16, tl.bfloat16),
-                                                   is_pure=True, pack=4)
-    else:
-        packed = packed.to(tl.int16)
-        c0 = (packed & 3).to(tl.float32) + CODE_OFFSET
-        c1 = ((packed >> 2) & 3).to(tl.float32) + CODE_OFFSET
-        c2 = ((packed >> 4) & 3).to(tl.float32) + CODE_OFFSET
-        c3 = ((packed >> 6) & 3).to(tl.float32) + CODE_OFFSET
-    return c0, c1, c2, c3
 
 
 @triton.jit
@@ -255,8 +133,7 @@ def _rows_step(q0, q1, q2, q3, k_ptr, v_ptr, base, nmask, keep, m, l, a0, a1, a2
 def _int2_step(q0, q1, q2, q3, qsum, kc_ptr, ks_ptr, vc_ptr, vs_ptr, cbase, kcbase, sbase, nmask, m, l,
                a0, a1, a2, a3, QD: tl.constexpr, GS: tl.constexpr, PRECISION: tl.constexpr, KEY_BITS: tl.constexpr):
     """One tile of N packed INT2 tokens (codes at cbase, key codes at kcbase, (s, z) at sbase) for
-    query rows q [R, ·].  KEY_BITS 3: keys carry a third bit plane; they skip the CODE_OFFSET unpack
-    (its lop3 masks two bits) and take the generic one, values are unchanged.
+    query rows q [R, ·].  KEY_BITS 3: keys carry a third bit plane (_unpack._plane); values are INT2.
 
     One group per row (GS = d, the default layout): the scales factor out of both dots,
         q·k_n = s_n·(q·c_n − z_n·Σq)      p·V = (p∘s)·C − Σ_n p_n s_n z_n,
@@ -266,14 +143,13 @@ def _int2_step(q0, q1, q2, q3, qsum, kc_ptr, ks_ptr, vc_ptr, vs_ptr, cbase, kcba
     """
     if GS == 4 * QD:
         OFFSET: tl.constexpr = PRECISION == "bf16" or PRECISION == "bf16_interp"
-        K_OFFSET: tl.constexpr = OFFSET and KEY_BITS == 2
-        if K_OFFSET:
-            k0, k1, k2, k3 = _codes4_offset(kc_ptr, kcbase, nmask, QD, True, PRECISION)
+        if OFFSET:
+            k0, k1, k2, k3 = _codes4_offset(kc_ptr, kcbase, nmask, QD, True, PRECISION, KEY_BITS)
         else:
             k0, k1, k2, k3 = _codes4(kc_ptr, kcbase, nmask, QD, True, PRECISION, KEY_BITS)
         ks = tl.load(ks_ptr + sbase, mask=nmask, other=0.0).to(tl.float32)
         kz = tl.load(ks_ptr + sbase + 1, mask=nmask, other=0.0).to(tl.float32)
-        if K_OFFSET:
+        if OFFSET:
             kz = kz + CODE_OFFSET
         qc = _qk4(q0, q1, q2, q3, k0, k1, k2, k3, PRECISION)
         qk = tl.where(nmask[None, :], ks[None, :] * (qc - kz[None, :] * qsum[:, None]), float("-inf"))
