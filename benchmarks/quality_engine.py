@@ -10,7 +10,8 @@ mode "best": per-KV-head R = U·H·P, centred keys/values, fitted clip), oscar-a
 settings: per-layer R = U·H·P, fixed clip K 0.96 / V 0.92, no centring), quarot
 (rotations: hadamard) and naive (rotations: identity); the three INT2 ones share the INT2 format,
 clip ratios (K 0.96 / V 0.92) and the sink 64 / recent 256 windows; quarot-noclip / naive-noclip
-are the same without clipping (the paper's baselines).
+are the same without clipping (the paper's baselines); oscar-k3 / quarot-k3 store keys with 3 bits
+(unclipped) and values INT2 (3.0 bits/element), the same bytes with either rotation.
 
 Protocol (all methods): a prompt goes through the scheduler's chunked prefill (256-token chunks,
 as served: a chunk's own rows attend to each other at full precision, its prefix is read from the
@@ -44,7 +45,7 @@ from oscar_ray.engines.torch.core import EngineCore  # noqa: E402
 from oscar_ray.engines.torch.scheduler import Seq  # noqa: E402
 
 ROT = {"oscar": None, "oscar-authors": None, "oscar-k3": None, "quarot": "hadamard", "naive": "identity",
-       "quarot-noclip": "hadamard", "naive-noclip": "identity"}
+       "quarot-noclip": "hadamard", "naive-noclip": "identity", "quarot-k3": "hadamard"}
 PAGE = 64
 
 
@@ -94,7 +95,7 @@ def make_core(method: str, n_seqs: int, max_len: int, sink: int = 64, recent: in
         if VARIANTS[method]["group_size"]:
             cache["group_size"] = VARIANTS[method]["group_size"]
         rotations = variant_rotations(method, sink)
-    if method == "oscar-k3":  # the engine default with 3-bit keys (stored unclipped), INT2 values
+    if method.endswith("-k3"):  # 3-bit keys (stored unclipped), INT2 values: 3.0 bits/element
         cache["key_bits"] = 3
     if method.endswith("-noclip"):  # the paper's baselines clip nothing (OSCAR_SPEC §7.1)
         cache.update(k_clip_ratio=0.0, v_clip_ratio=0.0)

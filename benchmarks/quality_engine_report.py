@@ -14,6 +14,7 @@ NAMES = {"bf16": "BF16 cache", "oscar": "OSCAR (engine default: per KV head, cen
          "oscar-authors": "OSCAR (authors' settings)",
          "oscar-g32": "OSCAR, 2 groups of 32 per row (3.0 bits), no K clip",
          "oscar-k3": "OSCAR, 3-bit keys (unclipped) + INT2 values (K 3.5 + V 2.5 = 3.0 bits/element with scales)",
+         "quarot-k3": "QuaRot (Hadamard), 3-bit keys (unclipped) + INT2 values (3.0 bits/element, same bytes as OSCAR 3-bit keys)",
          "oscar-long": "OSCAR, calibrated on 2 × 4096 tokens (default: 4 × 512)", "quarot": "QuaRot-INT2 (Hadamard) + clip",
          "naive": "naive INT2 (no rotation) + clip",
          "quarot-noclip": "QuaRot-INT2 (Hadamard), no clip", "naive-noclip": "naive INT2, no clip"}
