@@ -14,22 +14,30 @@ def _ms(d: dict) -> str:
     return f"{d['median_ms']:.2f} ({d['p20_ms']:.2f}–{d['p80_ms']:.2f})"
 
 
+NAMES = {"bf16": "BF16", "oscar": "OSCAR", "oscar-k3": "OSCAR, 3-bit keys"}
+
+
 def e2e(res: dict) -> str:
     m = res["modes"]
-    bf, os_ = m["bf16"], m["oscar"]
-    lines = ["| context | batch | BF16 cache ms/step | OSCAR cache ms/step | OSCAR / BF16 |", "|---|---|---|---|---|"]
-    for a, b in zip(bf["latency"], os_["latency"]):
-        lines.append(f"| {a['context']} | 1 | {_ms(a)} | {_ms(b)} | {b['median_ms'] / a['median_ms']:.2f} |")
+    bf, others = m["bf16"], [k for k in m if k != "bf16"]
+    lines = ["| context | batch | BF16 cache ms/step | " + " | ".join(f"{NAMES[k]} ms/step | {NAMES[k]} / BF16" for k in others)
+             + " |", "|---|---|---|" + "---|---|" * len(others)]
+    for i, a in enumerate(bf["latency"]):
+        cells = [f"{_ms(m[k]['latency'][i])} | {m[k]['latency'][i]['median_ms'] / a['median_ms']:.2f}" for k in others]
+        lines.append(f"| {a['context']} | 1 | {_ms(a)} | " + " | ".join(cells) + " |")
     lines += ["", "| cache | KV pools (GiB) | INT2 / BF16 pages | 128K sequences admitted | another fits | "
               "preemptions | context at end | ms/step, all at once | tokens/s |", "|---|---|---|---|---|---|---|---|---|"]
-    for name, r in (("BF16", bf), ("OSCAR", os_)):
+    for k in m:
+        r = m[k]
         c, p = r["capacity"], r["pools"]
-        lines.append(f"| {name} | {r['store_gib']:.2f} | {p['int2_pages']} / {p['bf16_pages']} | {c['admitted']} | "
+        lines.append(f"| {NAMES[k]} | {r['store_gib']:.2f} | {p['int2_pages']} / {p['bf16_pages']} | {c['admitted']} | "
                      f"{'yes' if c['another_fits'] else 'no'} | {c['preemptions']} | {c['context_at_end']} | {_ms(c)} | "
                      f"{c['tokens_per_s']:.1f} |")
-    ratio = os_["capacity"]["admitted"] / max(1, bf["capacity"]["admitted"])
-    lines += ["", f"Capacity ratio OSCAR / BF16: {ratio:.2f}× sequences; decode throughput ratio "
-              f"{os_['capacity']['tokens_per_s'] / bf['capacity']['tokens_per_s']:.2f}×."]
+    lines.append("")
+    for k in others:
+        ratio = m[k]["capacity"]["admitted"] / max(1, bf["capacity"]["admitted"])
+        lines.append(f"Capacity ratio {NAMES[k]} / BF16: {ratio:.2f}× sequences; decode throughput ratio "
+                     f"{m[k]['capacity']['tokens_per_s'] / bf['capacity']['tokens_per_s']:.2f}×.")
     return "\n".join(lines)
 
 

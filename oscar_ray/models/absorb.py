@@ -16,6 +16,8 @@ import torch
 
 from .arch import arch_facts
 
+_ABSORBED = "_oscar_absorbed_v_rotation"  # float64 CPU copy of the R_V folded into the weights
+
 
 def _attention_modules(model) -> list:
     mods = [m for m in model.modules() if hasattr(m, "layer_idx") and hasattr(m, "v_proj") and hasattr(m, "o_proj")]
@@ -41,9 +43,19 @@ def absorb_value_rotation(model, v_rotation: torch.Tensor) -> None:
     v_proj and o_proj in place. Afterwards the attention function receives v·R_V and must return
     its output in that basis (the OSCAR cache does: it never un-rotates V).
 
+    Absorbing twice would rotate the values twice, so the model remembers what it holds: the same
+    rotation again is a no-op (two OSCAR engines over one loaded model with one artifact), another
+    one is a ValueError.
+
     Example:
         absorb_value_rotation(lm, rotations.v_rotation)   # then serve with the OSCAR cache
     """
+    held = getattr(model, _ABSORBED, None)
+    if held is not None:
+        if held.shape == v_rotation.shape and torch.equal(held, v_rotation.detach().to("cpu", torch.float64)):
+            return
+        raise ValueError("v_rotation: this model already holds another absorbed value rotation; "
+                         "load a fresh model for a different rotation set")
     facts = arch_facts(model.config)
     if not facts.v_absorbable:
         raise ValueError(f"{facts.family}: values pass through a nonlinearity, R_V cannot be absorbed")
@@ -67,3 +79,5 @@ def absorb_value_rotation(model, v_rotation: torch.Tensor) -> None:
         wo = m.o_proj.weight  # [hidden, Hq·d]
         o = wo.to(torch.float64).reshape(wo.shape[0], n_kv, g, d)
         wo.copy_(torch.einsum("ohgi,hij->ohgj", o, r).reshape(wo.shape).to(wo.dtype))  # W_o,j·R_V
+    # a plain attribute, not a buffer: it must not enter state_dict or move with .to()
+    object.__setattr__(model, _ABSORBED, v_rotation.detach().to("cpu", torch.float64).clone())

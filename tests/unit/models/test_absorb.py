@@ -53,6 +53,20 @@ def test_smollm2_fp64_logits_unchanged():
     assert (after - before).abs().max() < 1e-9
 
 
+def test_absorbing_twice_is_refused_or_a_no_op():
+    """The same rotation again leaves the weights alone; another one is refused, weights untouched."""
+    lm = _tiny("llama")
+    r = _random_rotations(2, 2, 16, True)
+    absorb_value_rotation(lm, r)
+    w = lm.model.layers[1].self_attn.v_proj.weight.clone()
+    absorb_value_rotation(lm, r.clone())
+    assert torch.equal(w, lm.model.layers[1].self_attn.v_proj.weight)
+    with pytest.raises(ValueError, match="v_rotation"):
+        absorb_value_rotation(lm, _random_rotations(2, 2, 16, True))
+    assert torch.equal(w, lm.model.layers[1].self_attn.v_proj.weight)
+    assert not any("absorbed" in k for k in lm.state_dict())
+
+
 def test_wrong_shape_names_the_field():
     lm = _tiny("llama")
     with pytest.raises(ValueError, match="v_rotation"):
