@@ -25,8 +25,8 @@ import time
 import torch
 import triton
 
-from oscar_ray.kernels import (bf16_write, default_num_splits, demote_pages, int2_decode_attention,
-                               int2_extend_attention, int2_write)
+from oscar_ray.kernels import (bf16_write, bf16_write_kv, default_num_splits, demote_pages, int2_decode_attention,
+                               int2_extend_attention, int2_write, int2_write_kv)
 from oscar_ray.kernels.decode_attention import default_block_n
 from oscar_ray.kernels.synthetic import random_mixed_cache
 
@@ -155,24 +155,30 @@ def _sdpa_decode(q, k, v):
 
 
 def bench_writes(batch: int, args, device: str) -> list[str]:
-    """One decode step's writes per layer: B new K and V rows into the BF16 ring, or fused into INT2;
-    and the demotion of one page per request, which happens every PAGE = 8 steps."""
+    """One decode step's writes per layer: B new K and V rows into the BF16 ring, or fused into INT2,
+    each as two single-tensor launches and as one K+V launch (the *_kv kernels); and the demotion of
+    one page per request (two launches), which happens every PAGE = 8 steps."""
     x = torch.randn(batch, HKV, D, device=device, dtype=torch.bfloat16)
     r = torch.linalg.qr(torch.randn(D, D, device=device))[0].contiguous()
     slots = torch.arange(batch, device=device, dtype=torch.int32)
     zero = torch.zeros(batch, device=device, dtype=torch.int32)
-    pages = torch.zeros(batch, PAGE, HKV, D, device=device, dtype=torch.bfloat16)
-    codes = torch.zeros(batch, PAGE, HKV, D // 4, device=device, dtype=torch.uint8)
-    scales = torch.zeros(batch, PAGE, HKV, 2, device=device, dtype=args.scale_dtype)
-    one = lambda copies: [lambda: (bf16_write(x, r, slots, zero, pages), bf16_write(x, r, slots, zero, pages))]
-    t16 = time_calls(one, 0, args)
-    fused = lambda copies: [lambda: (int2_write(x, r, 0.96, slots, zero, codes, scales),
-                                     int2_write(x, r, 0.0, slots, zero, codes, scales))]
-    t2 = time_calls(fused, 0, args)
+    pages, vpages = (torch.zeros(batch, PAGE, HKV, D, device=device, dtype=torch.bfloat16) for _ in "kv")
+    codes, vcodes = (torch.zeros(batch, PAGE, HKV, D // 4, device=device, dtype=torch.uint8) for _ in "kv")
+    scales, vscales = (torch.zeros(batch, PAGE, HKV, 2, device=device, dtype=args.scale_dtype) for _ in "kv")
+    two16 = lambda copies: [lambda: (bf16_write(x, r, slots, zero, pages), bf16_write(x, r, slots, zero, vpages))]
+    one16 = lambda copies: [lambda: bf16_write_kv(x, x, r, r, slots, zero, pages, vpages)]
+    two2 = lambda copies: [lambda: (int2_write(x, r, 0.96, slots, zero, codes, scales),
+                                    int2_write(x, r, 0.0, slots, zero, vcodes, vscales))]
+    one2 = lambda copies: [lambda: int2_write_kv(x, x, r, r, 0.96, 0.0, slots, zero, codes, scales, vcodes, vscales)]
     dem = lambda copies: [lambda: (demote_pages(pages, slots, slots, codes, scales, 0.96),
-                                   demote_pages(pages, slots, slots, codes, scales, 0.0))]
-    td = time_calls(dem, 0, args)
-    return [str(batch), _fmt(t16), _fmt(t2), _fmt(td), f"{t16[1] + td[1] / PAGE:.1f}"]
+                                   demote_pages(vpages, slots, slots, vcodes, vscales, 0.0))]
+    t16, t16kv, t2, t2kv, td = (time_calls(f, 0, args) for f in (two16, one16, two2, one2, dem))
+    return [str(batch), _fmt(t16), _fmt(t16kv), _fmt(t2), _fmt(t2kv), _fmt(td), f"{t16kv[1] + td[1] / PAGE:.1f}",
+            f"{t16kv[1] + t2kv[1]:.1f}"]
+
+
+WRITE_HEADER = ["batch", "bf16_write ×2 µs", "bf16_write_kv µs", "int2_write ×2 µs", "int2_write_kv µs",
+                "demote ×2 µs", f"torch engine step µs (bf16_kv + demote/{PAGE})", "sglang step µs (int2_kv + bf16_kv)"]
 
 
 def bench_extend(ctx: int, chunk: int, args, device: str) -> list[str]:
@@ -280,10 +286,11 @@ def main(argv: list[str] | None = None) -> int:
         *_table(["batch", "context", "ours µs", "ours GB/s", "% peak", "splits / block_n", "SDPA µs (backend)",
                  "SDPA GB/s", "speedup"], decode), "",
         "## Writes per decode step (one token per request, K + V, one layer)", "",
-        "bf16_write = rotate + store into the BF16 ring (the decode path); int2_write = fused rotate + clip +"
-        f" quantise + pack (K clip 0.96, V none); demote = one {PAGE}-token page per request, every {PAGE} steps.", "",
-        *_table(["batch", "bf16_write µs", "int2_write µs", "demote µs", f"per step µs (bf16 + demote/{PAGE})"],
-                writes), "",
+        "bf16_write = rotate + store into the BF16 ring (the torch engine's decode path); int2_write = fused"
+        " rotate + clip + quantise + pack (K clip 0.96, V none; the sglang pool writes both every step);"
+        " ×2 = K and V as two launches, _kv = one launch for both;"
+        f" demote = one {PAGE}-token page per request, every {PAGE} steps.", "",
+        *_table(WRITE_HEADER, writes), "",
         f"## Extend (one request, chunk of new tokens over a cached prefix; precision {args.extend_precision})", "",
         *_table(["context", "chunk", "ours µs", "ours TFLOP/s", "SDPA µs", "SDPA TFLOP/s", "speedup"], extend), "",
     ]

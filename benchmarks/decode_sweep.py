@@ -2,8 +2,9 @@
 
     python benchmarks/decode_sweep.py --shapes 8x131072 1x16384 --configs 64:4:2 128:4:3:18 --out /tmp/sweep.md
 
-A config is block_n:num_warps:num_stages[:num_splits[:maxnreg]] (splits 0 or absent:
-default_num_splits for that block_n; maxnreg 0: ptxas chooses, absent: the launcher's default).
+A config is block_n:num_warps:num_stages[:num_splits[:maxnreg[:row_pack]]] (splits 0 or absent:
+default_num_splits for that block_n; maxnreg 0: ptxas chooses, absent or -1: the launcher's default;
+row_pack absent: 1).
 --emit-best writes the
 fastest default-split config of the first shape as benchmarks/decode_attention.py flags.  Timing as benchmarks/decode_attention.py (CUDA graphs over cold-L2 copies, median µs).
 """
@@ -17,8 +18,8 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from decode_attention import (D, HKV, HQ, RECENT, SINK, _sdpa_decode, _tensors, bench_writes,  # noqa: E402
-                              time_calls)
+from decode_attention import (D, HKV, HQ, RECENT, SINK, WRITE_HEADER, _sdpa_decode, _tensors,  # noqa: E402
+                              bench_writes, time_calls)
 
 from oscar_ray.kernels import default_num_splits, int2_decode_attention  # noqa: E402
 from oscar_ray.kernels.synthetic import random_mixed_cache  # noqa: E402
@@ -39,12 +40,14 @@ def sweep_shape(batch: int, ctx: int, configs: list[tuple[int, ...]], args) -> l
     for cfg in configs:
         bn, w, st = cfg[:3]
         splits = (cfg[3] if len(cfg) > 3 else 0) or default_num_splits(batch, HKV, n2, block_n=bn)
-        nreg = cfg[4] if len(cfg) > 4 else None
-        name = f"{bn}:{w}:{st}:{splits}:{'default' if nreg is None else nreg}"
+        nreg = cfg[4] if len(cfg) > 4 and cfg[4] >= 0 else None
+        pack = cfg[5] if len(cfg) > 5 else 1
+        name = f"{bn}:{w}:{st}:{splits}:{'default' if nreg is None else nreg}" + (f":pack{pack}" if pack > 1 else "")
 
-        def make(n, bn=bn, w=w, st=st, splits=splits, nreg=nreg):
+        def make(n, bn=bn, w=w, st=st, splits=splits, nreg=nreg, pack=pack):
             return [lambda c=c: int2_decode_attention(q, c[0], c[1], num_splits=splits, block_n=bn, num_warps=w,
-                                                      num_stages=st, precision=args.precision, max_registers=nreg)
+                                                      num_stages=st, precision=args.precision, max_registers=nreg,
+                                                      row_pack=pack)
                     for c in copies[:n]]
         try:
             t = time_calls(make, nbytes, args)
@@ -97,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
             with open(args.emit_best, "w") as f:
                 f.write(flags + "\n")
     if args.writes:
-        lines += ["", "| batch | bf16_write µs | int2_write µs | demote µs | per step µs |", "|---|---|---|---|---|"]
+        lines += ["", "| " + " | ".join(WRITE_HEADER) + " |", "|" + "---|" * len(WRITE_HEADER)]
         lines += ["| " + " | ".join(bench_writes(b, args, "cuda")) + " |" for b in args.writes]
     text = "\n".join(lines)
     print(text)

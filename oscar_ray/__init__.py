@@ -35,7 +35,9 @@ _EXPORTS = {
     "ModelGeometry": "oscar_ray.quant",
     # kernels (torch + triton)
     "int2_write": "oscar_ray.kernels",
+    "int2_write_kv": "oscar_ray.kernels",
     "bf16_write": "oscar_ray.kernels",
+    "bf16_write_kv": "oscar_ray.kernels",
     "demote_pages": "oscar_ray.kernels",
     "int2_decode_attention": "oscar_ray.kernels",
     "int2_extend_attention": "oscar_ray.kernels",

@@ -2,6 +2,7 @@
 
 int2_write   new rows x [N, H_kv, d] (not yet rotated) → INT2 slots (page id, offset) of codes + scales
 bf16_write   new rows x [N, H_kv, d] → rotated bf16 rows in BF16 page slots (sink / recent ring)
+int2_write_kv / bf16_write_kv  the same for the K and V rows of a step in one launch
 demote_pages BF16 pages (already rotated) → INT2 pages, every token of every listed page, one launch
 
 Codes and scales equal quant/int2.py's bit for bit (see _quant_tiles.py); the rotation is one fp32
@@ -50,34 +51,73 @@ def _load_rotated_rows(x_ptr, r_ptr, n, rmask, h, sxn, sxh, srh,
 
 
 @triton.jit
-def _int2_write_kernel(x_ptr, r_ptr, page_ptr, off_ptr, codes_ptr, scales_ptr, n_tokens,
-                       sxn, sxh, srh, scp, sco, sch, ssp, sso, ssh,
-                       D: tl.constexpr, GS: tl.constexpr, BR: tl.constexpr, ROTATE: tl.constexpr, KC: tl.constexpr,
-                       CLIP: tl.constexpr, CLIP_IDX: tl.constexpr, SCALE_FP16: tl.constexpr, BITS: tl.constexpr):
-    h = tl.program_id(1)
-    n = tl.program_id(0) * BR + tl.arange(0, BR)
-    rmask = n < n_tokens
+def _int2_rows(x_ptr, r_ptr, n, rmask, h, sxn, sxh, srh, code_rows, scale_rows, D: tl.constexpr, GS: tl.constexpr,
+               BR: tl.constexpr, ROTATE: tl.constexpr, KC: tl.constexpr, CLIP: tl.constexpr, CLIP_IDX: tl.constexpr,
+               SCALE_FP16: tl.constexpr, BITS: tl.constexpr):
     x = _load_rotated_rows(x_ptr, r_ptr, n, rmask, h, sxn, sxh, srh, D, ROTATE, KC)
     if CLIP:
         x = _clip_rows(x, CLIP_IDX)
-    page = tl.load(page_ptr + n, mask=rmask, other=0).to(tl.int64)
-    off = tl.load(off_ptr + n, mask=rmask, other=0)
-    code_rows = codes_ptr + page * scp + off * sco + h * sch
-    scale_rows = scales_ptr + page * ssp + off * sso + h * ssh
     _quantize_pack_store(x, rmask, code_rows, scale_rows, BR, D, GS, SCALE_FP16, BITS)
 
 
 @triton.jit
-def _bf16_write_kernel(x_ptr, r_ptr, page_ptr, off_ptr, out_ptr, n_tokens, sxn, sxh, srh, sop, soo, soh,
-                       D: tl.constexpr, BR: tl.constexpr, ROTATE: tl.constexpr, KC: tl.constexpr):
+def _int2_write_kernel(xk_ptr, xv_ptr, rk_ptr, rv_ptr, page_ptr, off_ptr, kc_ptr, ks_ptr, vc_ptr, vs_ptr, n_tokens,
+                       sxkn, sxkh, sxvn, sxvh, srkh, srvh, skcp, skco, skch, svcp, svco, svch, ssp, sso, ssh,
+                       D: tl.constexpr, GS: tl.constexpr, BR: tl.constexpr, KC: tl.constexpr,
+                       ROTATE_K: tl.constexpr, CLIP_K: tl.constexpr, CLIP_IDX_K: tl.constexpr, BITS_K: tl.constexpr,
+                       ROTATE_V: tl.constexpr, CLIP_V: tl.constexpr, CLIP_IDX_V: tl.constexpr,
+                       SCALE_FP16: tl.constexpr):
+    # grid axis 2: K (0) and V (1) of the same tokens in one launch; V is always INT2 (2 bits)
     h = tl.program_id(1)
     n = tl.program_id(0) * BR + tl.arange(0, BR)
     rmask = n < n_tokens
-    x = _load_rotated_rows(x_ptr, r_ptr, n, rmask, h, sxn, sxh, srh, D, ROTATE, KC)
     page = tl.load(page_ptr + n, mask=rmask, other=0).to(tl.int64)
     off = tl.load(off_ptr + n, mask=rmask, other=0)
-    ptrs = out_ptr + (page * sop + off * soo + h * soh)[:, None] + tl.arange(0, D)[None, :]
-    tl.store(ptrs, _round_bf16(x), mask=rmask[:, None])
+    scale_off = page * ssp + off * sso + h * ssh
+    if tl.program_id(2) == 0:
+        _int2_rows(xk_ptr, rk_ptr, n, rmask, h, sxkn, sxkh, srkh, kc_ptr + page * skcp + off * skco + h * skch,
+                   ks_ptr + scale_off, D, GS, BR, ROTATE_K, KC, CLIP_K, CLIP_IDX_K, SCALE_FP16, BITS_K)
+    else:
+        _int2_rows(xv_ptr, rv_ptr, n, rmask, h, sxvn, sxvh, srvh, vc_ptr + page * svcp + off * svco + h * svch,
+                   vs_ptr + scale_off, D, GS, BR, ROTATE_V, KC, CLIP_V, CLIP_IDX_V, SCALE_FP16, 2)
+
+
+@triton.jit
+def _bf16_cols(x_ptr, r_ptr, n, rmask, h, c0, sxn, sxh, srh, dst, D: tl.constexpr, CN: tl.constexpr,
+               ROTATE: tl.constexpr):
+    """Columns c0 … c0+CN of (x·R[h]) rounded to bf16, for BR tokens n of KV head h, stored at dst [BR] + col."""
+    cols = c0 + tl.arange(0, CN)
+    rows = x_ptr + n.to(tl.int64)[:, None] * sxn + h * sxh
+    if ROTATE:
+        x = tl.load(rows + tl.arange(0, D)[None, :], mask=rmask[:, None], other=0.0).to(tl.float32)
+        r = tl.load(r_ptr + h * srh + tl.arange(0, D)[:, None] * D + cols[None, :])
+        y = tl.dot(x, r, input_precision="ieee")  # [BR, D]·[D, CN]: ascending-k FMA chains, as sliced
+    else:
+        y = tl.load(rows + cols[None, :], mask=rmask[:, None], other=0.0).to(tl.float32)
+    tl.store(dst[:, None] + cols[None, :], _round_bf16(y), mask=rmask[:, None])
+
+
+@triton.jit
+def _bf16_write_kernel(xk_ptr, xv_ptr, rk_ptr, rv_ptr, page_ptr, off_ptr, ok_ptr, ov_ptr, n_tokens,
+                       sxkn, sxkh, sxvn, sxvh, srkh, srvh, sop, soo, soh,
+                       D: tl.constexpr, BR: tl.constexpr, CN: tl.constexpr, ROTATE_K: tl.constexpr,
+                       ROTATE_V: tl.constexpr):
+    # grid axis 2 = (tensor, column slice): K and V (when given) in one launch, and the rotation split
+    # over D/CN programs per row block, so a decode step's few rows do not run 8 dependent
+    # load → dot rounds in one program (H200, bs 1: ~9 µs per call that way, mostly latency)
+    h = tl.program_id(1)
+    n = tl.program_id(0) * BR + tl.arange(0, BR)
+    rmask = n < n_tokens
+    NC: tl.constexpr = D // CN
+    which = tl.program_id(2) // NC
+    c0 = (tl.program_id(2) % NC) * CN
+    page = tl.load(page_ptr + n, mask=rmask, other=0).to(tl.int64)
+    off = tl.load(off_ptr + n, mask=rmask, other=0)
+    slot = page * sop + off * soo + h * soh
+    if which == 0:
+        _bf16_cols(xk_ptr, rk_ptr, n, rmask, h, c0, sxkn, sxkh, srkh, ok_ptr + slot, D, CN, ROTATE_K)
+    else:
+        _bf16_cols(xv_ptr, rv_ptr, n, rmask, h, c0, sxvn, sxvh, srvh, ov_ptr + slot, D, CN, ROTATE_V)
 
 
 @triton.jit
@@ -124,9 +164,9 @@ def _rotation_chunk(d: int) -> int:
     return d if os.environ.get("TRITON_INTERPRET") == "1" else 16
 
 
-def _clip_args(clip_ratio: float, d: int) -> tuple[bool, int]:
+def _clip_args(clip_ratio: float, d: int, name: str = "clip_ratio") -> tuple[bool, int]:
     """(CLIP, CLIP_IDX); ratio 0 disables, and idx d−1 (τ = max |x|) is the identity, so both skip it."""
-    idx = clip_index(check_ratio(clip_ratio), d)
+    idx = clip_index(check_ratio(clip_ratio, name), d)
     return (clip_ratio > 0.0 and idx < d - 1), idx
 
 
@@ -140,39 +180,98 @@ def int2_write(x: torch.Tensor, rotation: torch.Tensor | None, clip_ratio: float
     place; bits 3 is the cache's 3-bit key layout (quant/int2.pack_codes).
     Example: int2_write(k, R_K, 0.96, pages, offs, k_codes, k_scales)  # N new tokens of one layer
     """
-    n, h, d = _check_rows_and_slots(x, page_ids, offsets)
-    bits = check_bits(bits)
-    gs, _ = _check_int2_pages(codes, scales, h, d, group_size, x.device, bits)
-    r = check_rotation("rotation", rotation, d, h, x.device)
+    check_ratio(clip_ratio)  # named as this function names it
+    int2_write_kv(x, None, rotation, None, clip_ratio, 0.0, page_ids, offsets, codes, scales, None, None,
+                  group_size, block_rows, num_warps, key_bits=bits)
+
+
+def int2_write_kv(k: torch.Tensor, v: torch.Tensor | None, k_rotation: torch.Tensor | None,
+                  v_rotation: torch.Tensor | None, k_clip: float, v_clip: float, page_ids: torch.Tensor,
+                  offsets: torch.Tensor, k_codes: torch.Tensor, k_scales: torch.Tensor, v_codes: torch.Tensor | None,
+                  v_scales: torch.Tensor | None, group_size: int | None = None, block_rows: int = 16,
+                  num_warps: int = 4, key_bits: int = 2) -> None:
+    """int2_write of K (key_bits 2 or 3) and V (2 bits) rows into the same slots, one launch.
+
+    v, v_codes, v_scales None writes K only.  V's scales must have K's dtype and layout.
+    Example: int2_write_kv(k, v, R_K, None, 0.96, 0.0, pages, offs, kc, ks, vc, vs)   # V absorbed
+    """
+    n, h, d = _check_rows_and_slots(k, page_ids, offsets)
+    key_bits = check_bits(key_bits)
+    gs, _ = _check_int2_pages(k_codes, k_scales, h, d, group_size, k.device, key_bits)
+    rk = check_rotation("k_rotation", k_rotation, d, h, k.device)
+    clip_k, idx_k = _clip_args(k_clip, d, "k_clip")
+    rv, clip_v, idx_v = None, False, 0
+    if (v is None) != (v_codes is None) or (v is None) != (v_scales is None):
+        raise ValueError("v, v_codes and v_scales: give all three or none")
+    if v is not None:
+        check_tensor("v", v, FLOAT_ROWS, shape=(n, h, d), device=k.device)
+        _check_int2_pages(v_codes, v_scales, h, d, group_size, k.device, 2)
+        if v_scales.dtype != k_scales.dtype or v_scales.stride() != k_scales.stride():
+            raise ValueError("v_scales must have k_scales' dtype and strides")
+        rv = check_rotation("v_rotation", v_rotation, d, h, k.device)
+        clip_v, idx_v = _clip_args(v_clip, d, "v_clip")
     check_pow2("block_rows", block_rows, minimum=16)
-    clip, idx = _clip_args(clip_ratio, d)
     if n == 0:
         return
-    grid = (triton.cdiv(n, block_rows), h)
+    vx, vc, vs = (k, k_codes, k_scales) if v is None else (v, v_codes, v_scales)
+    grid = (triton.cdiv(n, block_rows), h, 1 if v is None else 2)
     _int2_write_kernel[grid](
-        x, x if r is None else r, page_ids, offsets, codes, scales, n,
-        x.stride(0), x.stride(1), 0 if r is None or r.ndim == 2 else d * d,
-        codes.stride(0), codes.stride(1), codes.stride(2), scales.stride(0), scales.stride(1), scales.stride(2),
-        D=d, GS=gs, BR=block_rows, ROTATE=r is not None, KC=_rotation_chunk(d), CLIP=clip, CLIP_IDX=idx,
-        SCALE_FP16=scales.dtype == torch.float16, BITS=bits, num_warps=num_warps)
+        k, vx, k if rk is None else rk, vx if rv is None else rv, page_ids, offsets, k_codes, k_scales, vc, vs, n,
+        k.stride(0), k.stride(1), vx.stride(0), vx.stride(1),
+        0 if rk is None or rk.ndim == 2 else d * d, 0 if rv is None or rv.ndim == 2 else d * d,
+        *k_codes.stride()[:3], *vc.stride()[:3], *k_scales.stride()[:3],
+        D=d, GS=gs, BR=block_rows, KC=_rotation_chunk(d), ROTATE_K=rk is not None, CLIP_K=clip_k, CLIP_IDX_K=idx_k,
+        BITS_K=key_bits, ROTATE_V=rv is not None, CLIP_V=clip_v, CLIP_IDX_V=idx_v,
+        SCALE_FP16=k_scales.dtype == torch.float16, num_warps=num_warps)
+
+
+def _rotation_cols(d: int) -> int:
+    """Output columns per bf16_write program: 32 compiled (4 programs share a row block's rotation),
+    all of them interpreted (one numpy matmul per row block, summed as torch's reference sums)."""
+    return d if os.environ.get("TRITON_INTERPRET") == "1" else min(d, 32)
 
 
 def bf16_write(x: torch.Tensor, rotation: torch.Tensor | None, page_ids: torch.Tensor, offsets: torch.Tensor,
                pages: torch.Tensor, block_rows: int = 16, num_warps: int = 4) -> None:
     """Store (x·R) rounded to bf16 of x [N, H_kv, d] into BF16 slot (page_ids[i], offsets[i]) of
     pages bf16 [P, page, H_kv, d].  rotation as in int2_write."""
-    n, h, d = _check_rows_and_slots(x, page_ids, offsets)
-    check_tensor("pages", pages, (torch.bfloat16,), shape=(None, None, h, d), device=x.device)
-    r = check_rotation("rotation", rotation, d, h, x.device)
+    bf16_write_kv(x, None, rotation, None, page_ids, offsets, pages, None, block_rows, num_warps)
+
+
+def bf16_write_kv(k: torch.Tensor, v: torch.Tensor | None, k_rotation: torch.Tensor | None,
+                  v_rotation: torch.Tensor | None, page_ids: torch.Tensor, offsets: torch.Tensor,
+                  k_pages: torch.Tensor, v_pages: torch.Tensor | None, block_rows: int = 16,
+                  num_warps: int = 4) -> None:
+    """bf16_write of K and V rows into the same slots, one launch (a decode step's BF16 ring write).
+
+    k, v [N, H_kv, d]; k_pages / v_pages bf16 [P, page, H_kv, d] of one layout; v / v_pages None
+    writes K only.  Each rotation as in int2_write (None: rows already rotated, or V absorbed).
+    Example: bf16_write_kv(k, v, R_K, None, pages, offs, k_bf16, v_bf16)   # V absorbed
+    """
+    n, h, d = _check_rows_and_slots(k, page_ids, offsets)
+    check_tensor("k_pages", k_pages, (torch.bfloat16,), shape=(None, None, h, d), device=k.device)
+    rk = check_rotation("k_rotation", k_rotation, d, h, k.device)
+    if (v is None) != (v_pages is None):
+        raise ValueError("v and v_pages: give both or neither")
+    rv = None
+    if v is not None:
+        check_tensor("v", v, FLOAT_ROWS, shape=(n, h, d), device=k.device)
+        check_tensor("v_pages", v_pages, (torch.bfloat16,), shape=k_pages.shape, device=k.device)
+        if v_pages.stride() != k_pages.stride():
+            raise ValueError(f"v_pages strides {v_pages.stride()} must equal k_pages strides {k_pages.stride()}")
+        rv = check_rotation("v_rotation", v_rotation, d, h, k.device)
     check_pow2("block_rows", block_rows, minimum=16)
     if n == 0:
         return
-    grid = (triton.cdiv(n, block_rows), h)
+    cn = _rotation_cols(d)
+    vx = k if v is None else v
+    grid = (triton.cdiv(n, block_rows), h, (1 if v is None else 2) * (d // cn))
     _bf16_write_kernel[grid](
-        x, x if r is None else r, page_ids, offsets, pages, n,
-        x.stride(0), x.stride(1), 0 if r is None or r.ndim == 2 else d * d,
-        pages.stride(0), pages.stride(1), pages.stride(2),
-        D=d, BR=block_rows, ROTATE=r is not None, KC=_rotation_chunk(d), num_warps=num_warps)
+        k, vx, k if rk is None else rk, vx if rv is None else rv, page_ids, offsets, k_pages,
+        k_pages if v_pages is None else v_pages, n, k.stride(0), k.stride(1), vx.stride(0), vx.stride(1),
+        0 if rk is None or rk.ndim == 2 else d * d, 0 if rv is None or rv.ndim == 2 else d * d,
+        k_pages.stride(0), k_pages.stride(1), k_pages.stride(2),
+        D=d, BR=block_rows, CN=cn, ROTATE_K=rk is not None, ROTATE_V=rv is not None, num_warps=num_warps)
 
 
 def demote_pages(bf16_pages: torch.Tensor, src_page_ids: torch.Tensor, dst_page_ids: torch.Tensor,

@@ -9,10 +9,12 @@ import torch
 
 from oscar_ray.kernels import (
     bf16_write,
+    bf16_write_kv,
     demote_pages,
     int2_decode_attention,
     int2_extend_attention,
     int2_write,
+    int2_write_kv,
 )
 from oscar_ray.kernels.reference import (
     bf16_write_reference,
@@ -142,6 +144,36 @@ def test_decode_fast_layout_gqa_cuda(seed, g, d, block_n, nreg):
     q = torch.randn(len(int2), hkv * g, d, device=CUDA)
     out = int2_decode_attention(q, kv, seg, block_n=block_n, max_registers=nreg)
     assert_close_verbose(out, decode_attention_reference(q, kv, seg), 3e-3, 1e-2, what=f"g={g} d={d} {block_n}")
+
+
+@pytest.mark.parametrize("g, row_pack", [(4, 4), (4, 2), (8, 2), (3, 4), (1, 4)])
+def test_decode_row_pack_cuda(seed, g, row_pack):
+    # packed rows (_attn_packed) at the one-group bf16 defaults, 2- and 3-bit keys
+    hkv = 4
+    for key_bits in (2, 3):
+        kv, seg = random_mixed_cache([3001, 1, 777, 130], [320, 5, 0, 263], hkv, D, device=CUDA, seed=seed,
+                                     key_bits=key_bits)
+        q = torch.randn(4, hkv * g, D, device=CUDA)
+        out = int2_decode_attention(q, kv, seg, row_pack=row_pack)
+        assert_close_verbose(out, decode_attention_reference(q, kv, seg), 3e-3, 1e-2, what=f"g={g} pack={row_pack}")
+
+
+def test_kv_writes_one_launch_bit_exact_cuda(seed):
+    # int2_write_kv / bf16_write_kv (the engines' per-step writes) equal the reference for both sides
+    n = 40
+    k, v = _dyadic(n, HKV, D), _dyadic(n, HKV, D)
+    rk = torch.randint(-4, 5, (HKV, D, D), device=CUDA).float() / 4
+    pid, off, flat = _slots(n, 9)
+    kc, vc = (torch.zeros(9, PAGE, HKV, D // 4, dtype=torch.uint8, device=CUDA) for _ in "kv")
+    ks, vs = (torch.zeros(9, PAGE, HKV, 2, dtype=torch.float16, device=CUDA) for _ in "kv")
+    int2_write_kv(k, v, rk, None, 0.96, 0.0, pid, off, kc, ks, vc, vs)
+    for codes, scales, x, r, clip in ((kc, ks, k, rk, 0.96), (vc, vs, v, None, 0.0)):
+        ref_c, ref_s = int2_write_reference(x, r, clip, None, torch.float16)
+        assert torch.equal(codes.flatten(0, 1)[flat], ref_c) and torch.equal(scales.flatten(0, 1)[flat], ref_s)
+    kp, vp = (torch.zeros(9, PAGE, HKV, D, dtype=torch.bfloat16, device=CUDA) for _ in "kv")
+    bf16_write_kv(k, v, rk, None, pid, off, kp, vp)
+    assert torch.equal(kp.flatten(0, 1)[flat], bf16_write_reference(k, rk))
+    assert torch.equal(vp.flatten(0, 1)[flat], bf16_write_reference(v, None))
 
 
 def test_decode_split_invariance_cuda(seed):

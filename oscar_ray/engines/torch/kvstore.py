@@ -62,10 +62,10 @@ class KVStore:
                 self.k_bf16[layer][pages.long(), offs.long()] = k[rows].to(torch.bfloat16)
                 self.v_bf16[layer][pages.long(), offs.long()] = v[rows].to(torch.bfloat16)
             else:
-                from oscar_ray.kernels import bf16_write
+                from oscar_ray.kernels import bf16_write_kv
 
-                bf16_write(k[rows].contiguous(), None, pages, offs, self.k_bf16[layer])
-                bf16_write(v[rows].contiguous(), None, pages, offs, self.v_bf16[layer])
+                bf16_write_kv(k[rows].contiguous(), v[rows].contiguous(), None, None, pages, offs,
+                              self.k_bf16[layer], self.v_bf16[layer])
 
     def _sides(self, layer: int):
         """(codes, scales, clip, bits) of K then V for `layer`."""
@@ -73,16 +73,17 @@ class KVStore:
                 (self.v_codes, self.v_scales, self.v_clip[layer], 2))
 
     def _write_int2(self, layer, k, v, pages, offs) -> None:
-        for x, (codes, scales, clip, bits) in zip((k, v), self._sides(layer)):
-            if self.cpu:
-                c, s = int2_write_reference(x, None, clip, self.group_size, self.scale_dtype, bits)
-                codes[layer][pages.long(), offs.long()] = c
-                scales[layer][pages.long(), offs.long()] = s
-            else:
-                from oscar_ray.kernels import int2_write
+        if not self.cpu:
+            from oscar_ray.kernels import int2_write_kv
 
-                int2_write(x.contiguous(), None, clip, pages, offs, codes[layer], scales[layer], self.group_size,
-                           bits=bits)
+            int2_write_kv(k.contiguous(), v.contiguous(), None, None, self.k_clip[layer], self.v_clip[layer], pages,
+                          offs, self.k_codes[layer], self.k_scales[layer], self.v_codes[layer], self.v_scales[layer],
+                          self.group_size, key_bits=self.key_bits)
+            return
+        for x, (codes, scales, clip, bits) in zip((k, v), self._sides(layer)):
+            c, s = int2_write_reference(x, None, clip, self.group_size, self.scale_dtype, bits)
+            codes[layer][pages.long(), offs.long()] = c
+            scales[layer][pages.long(), offs.long()] = s
 
     # --- data moves (all layers) ---------------------------------------------------------------
     def demote(self, demotions: list[Demotion]) -> None:

@@ -30,11 +30,14 @@ SCRIPT = textwrap.dedent('''
 
     P = lambda t: "*" + t
     for fp16, gs, bits in ((True, 128, 2), (False, 64, 2), (True, 128, 3)):
-        check(write._int2_write_kernel, dict(x_ptr=P("bf16"), r_ptr=P("fp32"), page_ptr=P("i32"), off_ptr=P("i32"),
-              codes_ptr=P("u8"), scales_ptr=P("fp16" if fp16 else "fp32")),
-              dict(D=128, GS=gs, BR=16, ROTATE=True, KC=16, CLIP=True, CLIP_IDX=122, SCALE_FP16=fp16, BITS=bits))
-    check(write._bf16_write_kernel, dict(x_ptr=P("bf16"), r_ptr=P("fp32"), page_ptr=P("i32"), off_ptr=P("i32"),
-          out_ptr=P("bf16")), dict(D=128, BR=16, ROTATE=True, KC=16))
+        check(write._int2_write_kernel, dict(xk_ptr=P("bf16"), xv_ptr=P("bf16"), rk_ptr=P("fp32"), rv_ptr=P("fp32"),
+              page_ptr=P("i32"), off_ptr=P("i32"), kc_ptr=P("u8"), ks_ptr=P("fp16" if fp16 else "fp32"),
+              vc_ptr=P("u8"), vs_ptr=P("fp16" if fp16 else "fp32")),
+              dict(D=128, GS=gs, BR=16, KC=16, ROTATE_K=True, CLIP_K=True, CLIP_IDX_K=122, BITS_K=bits,
+                   ROTATE_V=False, CLIP_V=False, CLIP_IDX_V=127, SCALE_FP16=fp16))
+    check(write._bf16_write_kernel, dict(xk_ptr=P("bf16"), xv_ptr=P("bf16"), rk_ptr=P("fp32"), rv_ptr=P("fp32"),
+          page_ptr=P("i32"), off_ptr=P("i32"), ok_ptr=P("bf16"), ov_ptr=P("bf16")),
+          dict(D=128, BR=16, CN=32, ROTATE_K=True, ROTATE_V=False))
     for bits in (2, 3):
         check(write._demote_pages_kernel, dict(src_ptr=P("bf16"), src_ids_ptr=P("i32"), dst_ids_ptr=P("i32"),
               codes_ptr=P("u8"), scales_ptr=P("fp32")), dict(D=128, GS=128, BR=8, CLIP=True, CLIP_IDX=122,
@@ -46,20 +49,20 @@ SCRIPT = textwrap.dedent('''
         # the default layout (one group) must stay light: 3+ programs of 4 warps per SM need <= 48 KB each
         # (tf32 / ieee, for checks, stage fp32 operands: 84 KB at these defaults)
         check(da._decode_stage1_kernel, d1, dict(GQA=4, PAGE2=8, PAGE16=8, D=128, GS=128, SPLITS2=17, SPLITS16=4,
-              BLOCK_H=16, BLOCK_N2=128, BLOCK_N16=64, PRECISION=prec, KEY_BITS=2), num_stages=3,
+              BLOCK_H=16, BLOCK_N2=128, BLOCK_N16=64, PRECISION=prec, KEY_BITS=2, SUB2=1), num_stages=3,
               max_shared=48 << 10 if prec in ("bf16", "fp16") else None)
     # 3-bit keys at the launcher's defaults (factored path, generic key unpack)
     check(da._decode_stage1_kernel, d1, dict(GQA=4, PAGE2=8, PAGE16=8, D=128, GS=128, SPLITS2=17, SPLITS16=4,
-          BLOCK_H=16, BLOCK_N2=128, BLOCK_N16=64, PRECISION="bf16", KEY_BITS=3), num_stages=3, max_shared=64 << 10)
+          BLOCK_H=16, BLOCK_N2=128, BLOCK_N16=64, PRECISION="bf16", KEY_BITS=3, SUB2=1), num_stages=3, max_shared=64 << 10)
     for prec in ("bf16", "ieee"):  # several groups per row: the launcher's 64 / 2 default fits the 227 KB
         check(da._decode_stage1_kernel, d1, dict(GQA=4, PAGE2=8, PAGE16=8, D=128, GS=64, SPLITS2=17, SPLITS16=4,
-              BLOCK_H=16, BLOCK_N2=64, BLOCK_N16=64, PRECISION=prec, KEY_BITS=2), num_stages=2,
+              BLOCK_H=16, BLOCK_N2=64, BLOCK_N16=64, PRECISION=prec, KEY_BITS=2, SUB2=1), num_stages=2,
               max_shared=227 << 10)
     check(da._decode_stage1_kernel, dict(d1, ks_ptr=P("fp16"), vs_ptr=P("fp16")), dict(GQA=12, PAGE2=8, PAGE16=8,
-          D=64, GS=32, SPLITS2=4, SPLITS16=2, BLOCK_H=16, BLOCK_N2=64, BLOCK_N16=64, PRECISION="bf16", KEY_BITS=3))
+          D=64, GS=32, SPLITS2=4, SPLITS16=2, BLOCK_H=16, BLOCK_N2=64, BLOCK_N16=64, PRECISION="bf16", KEY_BITS=3, SUB2=1))
     # the launcher's short-work tile (default_block_n) at its default stages
     check(da._decode_stage1_kernel, d1, dict(GQA=4, PAGE2=8, PAGE16=8, D=128, GS=128, SPLITS2=63, SPLITS16=8,
-          BLOCK_H=16, BLOCK_N2=64, BLOCK_N16=64, PRECISION="bf16", KEY_BITS=2), num_stages=3, max_shared=48 << 10)
+          BLOCK_H=16, BLOCK_N2=64, BLOCK_N16=64, PRECISION="bf16", KEY_BITS=2, SUB2=1), num_stages=3, max_shared=48 << 10)
     check(da._decode_merge_kernel, dict(mid_o_ptr=P("fp32"), mid_lse_ptr=P("fp32"), out_ptr=P("fp32")),
           dict(D=128, BLOCK_S=128))
     e = dict(q_ptr=P("bf16"), kn_ptr=P("bf16"), vn_ptr=P("bf16"), kc_ptr=P("u8"), ks_ptr=P("fp32"), vc_ptr=P("u8"),

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from oscar_ray.kernels import bf16_write, demote_pages, int2_write
+from oscar_ray.kernels import bf16_write, bf16_write_kv, demote_pages, int2_write, int2_write_kv
 from oscar_ray.kernels.reference import bf16_write_reference, int2_write_reference
 from tests.utils import assert_close_verbose
 
@@ -156,6 +156,50 @@ def test_three_bit_write_bit_exact(seed, d, scale_dtype, halves):
     ref_c, ref_s = int2_write_reference(x, r, 0.9, gs, scale_dtype, bits=3)
     assert ref_c.shape[-1] == 3 * d // 8 and int((ref_c[..., d // 4:] != 0).sum()) > 0  # the plane is used
     _check_written(codes, scales, flat, ref_c, ref_s)
+
+
+@pytest.mark.parametrize("key_bits, v_rot", [(2, "none"), (3, "per_head"), (2, "dense")])
+def test_kv_writes_in_one_launch_bit_exact(seed, key_bits, v_rot):
+    # the K and V rows of a step, each side with its own rotation, clip and bit width, in one launch
+    h, n, d, n_pages = 2, 19, 64, 6
+    k, v = _special_rows(_dyadic(n, h, d)), _dyadic(n, h, d)
+    rk, rv = _rotation("per_head", h, d), _rotation(v_rot, h, d)
+    pid, off, flat = _slots(n, n_pages)
+    kc, ks = _pages(n_pages, h, d, 1, torch.float16, bits=key_bits)
+    vc, vs = _pages(n_pages, h, d, 1, torch.float16)
+    int2_write_kv(k, v, rk, rv, 0.9, 0.0, pid, off, kc, ks, vc, vs, key_bits=key_bits)
+    _check_written(kc, ks, flat, *int2_write_reference(k, rk, 0.9, None, torch.float16, bits=key_bits))
+    _check_written(vc, vs, flat, *int2_write_reference(v, rv, 0.0, None, torch.float16))
+    kp, vp = (torch.full((n_pages, PAGE, h, d), 3.0, dtype=torch.bfloat16) for _ in "kv")
+    bf16_write_kv(k, v, rk, rv, pid, off, kp, vp)
+    assert torch.equal(kp.flatten(0, 1)[flat], bf16_write_reference(k, rk))
+    assert torch.equal(vp.flatten(0, 1)[flat], bf16_write_reference(v, rv))
+    untouched = torch.ones(n_pages * PAGE, dtype=torch.bool)
+    untouched[flat] = False
+    assert bool((kp.flatten(0, 1)[untouched] == 3.0).all()) and bool((vp.flatten(0, 1)[untouched] == 3.0).all())
+
+
+def test_kv_write_argument_errors():
+    k = torch.randn(4, 2, 64)
+    pid = torch.zeros(4, dtype=torch.int32)
+    kc, ks = _pages(2, 2, 64, 1, torch.float16)
+    vc, vs = _pages(2, 2, 64, 1, torch.float16)
+    kp = torch.zeros(2, PAGE, 2, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="v_pages"):
+        bf16_write_kv(k, k, None, None, pid, pid, kp, None)
+    with pytest.raises(ValueError, match="v_pages"):  # another layout than k_pages
+        bf16_write_kv(k, k, None, None, pid, pid, kp, torch.zeros(2, 2, PAGE, 64, dtype=torch.bfloat16).transpose(1, 2))
+    with pytest.raises(ValueError, match="^v "):
+        bf16_write_kv(k, k[:2], None, None, pid, pid, kp, kp.clone())
+    with pytest.raises(ValueError, match="v_codes"):
+        int2_write_kv(k, k, None, None, 0.0, 0.0, pid, pid, kc, ks, None, vs)
+    with pytest.raises(ValueError, match="v_scales"):
+        int2_write_kv(k, k, None, None, 0.0, 0.0, pid, pid, kc, ks, vc, vs.float())
+    with pytest.raises(ValueError, match="v_rotation"):
+        int2_write_kv(k, k, None, torch.eye(32), 0.0, 0.0, pid, pid, kc, ks, vc, vs)
+    with pytest.raises(ValueError, match="v_clip"):
+        int2_write_kv(k, k, None, None, 0.0, 2.0, pid, pid, kc, ks, vc, vs)
+    assert bool((kc == SENTINEL).all()) and bool((vc == SENTINEL).all())  # nothing written on a refusal
 
 
 def test_write_argument_errors():
