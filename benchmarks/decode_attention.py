@@ -165,13 +165,15 @@ def bench_writes(batch: int, args, device: str) -> list[str]:
     pages, vpages = (torch.zeros(batch, PAGE, HKV, D, device=device, dtype=torch.bfloat16) for _ in "kv")
     codes, vcodes = (torch.zeros(batch, PAGE, HKV, D // 4, device=device, dtype=torch.uint8) for _ in "kv")
     scales, vscales = (torch.zeros(batch, PAGE, HKV, 2, device=device, dtype=args.scale_dtype) for _ in "kv")
-    two16 = lambda copies: [lambda: (bf16_write(x, r, slots, zero, pages), bf16_write(x, r, slots, zero, vpages))]
-    one16 = lambda copies: [lambda: bf16_write_kv(x, x, r, r, slots, zero, pages, vpages)]
-    two2 = lambda copies: [lambda: (int2_write(x, r, 0.96, slots, zero, codes, scales),
-                                    int2_write(x, r, 0.0, slots, zero, vcodes, vscales))]
-    one2 = lambda copies: [lambda: int2_write_kv(x, x, r, r, 0.96, 0.0, slots, zero, codes, scales, vcodes, vscales)]
-    dem = lambda copies: [lambda: (demote_pages(pages, slots, slots, codes, scales, 0.96),
-                                   demote_pages(vpages, slots, slots, vcodes, vscales, 0.0))]
+    # `copies` calls per graph, as a decode step captured for all layers runs them back to back: one
+    # call per graph replay would time the graph launch (~8-10 µs on the H200), not the kernels
+    two16 = lambda n: [lambda: (bf16_write(x, r, slots, zero, pages), bf16_write(x, r, slots, zero, vpages))] * n
+    one16 = lambda n: [lambda: bf16_write_kv(x, x, r, r, slots, zero, pages, vpages)] * n
+    two2 = lambda n: [lambda: (int2_write(x, r, 0.96, slots, zero, codes, scales),
+                               int2_write(x, r, 0.0, slots, zero, vcodes, vscales))] * n
+    one2 = lambda n: [lambda: int2_write_kv(x, x, r, r, 0.96, 0.0, slots, zero, codes, scales, vcodes, vscales)] * n
+    dem = lambda n: [lambda: (demote_pages(pages, slots, slots, codes, scales, 0.96),
+                              demote_pages(vpages, slots, slots, vcodes, vscales, 0.0))] * n
     t16, t16kv, t2, t2kv, td = (time_calls(f, 0, args) for f in (two16, one16, two2, one2, dem))
     return [str(batch), _fmt(t16), _fmt(t16kv), _fmt(t2), _fmt(t2kv), _fmt(td), f"{t16kv[1] + td[1] / PAGE:.1f}",
             f"{t16kv[1] + t2kv[1]:.1f}"]

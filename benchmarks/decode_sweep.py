@@ -2,9 +2,8 @@
 
     python benchmarks/decode_sweep.py --shapes 8x131072 1x16384 --configs 64:4:2 128:4:3:18 --out /tmp/sweep.md
 
-A config is block_n:num_warps:num_stages[:num_splits[:maxnreg[:row_pack]]] (splits 0 or absent:
-default_num_splits for that block_n; maxnreg 0: ptxas chooses, absent or -1: the launcher's default;
-row_pack absent: 1).
+A config is block_n:num_warps:num_stages[:num_splits[:maxnreg]] (splits 0 or absent:
+default_num_splits for that block_n; maxnreg 0: ptxas chooses, absent or -1: the launcher's default).
 --emit-best writes the
 fastest default-split config of the first shape as benchmarks/decode_attention.py flags.  Timing as benchmarks/decode_attention.py (CUDA graphs over cold-L2 copies, median µs).
 """
@@ -41,13 +40,11 @@ def sweep_shape(batch: int, ctx: int, configs: list[tuple[int, ...]], args) -> l
         bn, w, st = cfg[:3]
         splits = (cfg[3] if len(cfg) > 3 else 0) or default_num_splits(batch, HKV, n2, block_n=bn)
         nreg = cfg[4] if len(cfg) > 4 and cfg[4] >= 0 else None
-        pack = cfg[5] if len(cfg) > 5 else 1
-        name = f"{bn}:{w}:{st}:{splits}:{'default' if nreg is None else nreg}" + (f":pack{pack}" if pack > 1 else "")
+        name = f"{bn}:{w}:{st}:{splits}:{'default' if nreg is None else nreg}"
 
-        def make(n, bn=bn, w=w, st=st, splits=splits, nreg=nreg, pack=pack):
+        def make(n, bn=bn, w=w, st=st, splits=splits, nreg=nreg):
             return [lambda c=c: int2_decode_attention(q, c[0], c[1], num_splits=splits, block_n=bn, num_warps=w,
-                                                      num_stages=st, precision=args.precision, max_registers=nreg,
-                                                      row_pack=pack)
+                                                      num_stages=st, precision=args.precision, max_registers=nreg)
                     for c in copies[:n]]
         try:
             t = time_calls(make, nbytes, args)

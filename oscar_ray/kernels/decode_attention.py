@@ -22,7 +22,6 @@ import torch
 import triton
 import triton.language as tl
 
-from ._attn_packed import _int2_step_packed, _merge_packed_rows
 from ._attn_tiles import _int2_step, _load_q4, _page_bases, _rows_step, _store4
 from ._validate import (FLOAT_ROWS, check_positive, check_pow2, check_precision, check_rotation, check_tensor,
                         nonempty_table)
@@ -39,21 +38,18 @@ def _tier_partial(q_ptr, k_ptr, ks_ptr, v_ptr, vs_ptr, table_ptr, lens_ptr, mid_
                   s_table, n_q_heads, b, kh, split, row_split, total_splits,
                   GQA: tl.constexpr, PAGE: tl.constexpr, D: tl.constexpr, GS: tl.constexpr,
                   INT2: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_H: tl.constexpr,
-                  BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, KEY_BITS: tl.constexpr, SUB: tl.constexpr):
-    """Split `split` of one tier of request b, KV head kh → partial row `row_split` of mid_o / mid_lse.
-    SUB > 1 (INT2 tier, one group per row): rows packed as SUB sub-tiles of BLOCK_N tokens (_attn_packed)."""
+                  BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, KEY_BITS: tl.constexpr):
+    """Split `split` of one tier of request b, KV head kh → partial row `row_split` of mid_o / mid_lse."""
     QD: tl.constexpr = D // 4
-    G: tl.constexpr = BLOCK_H // SUB  # rows per sub-tile (≥ GQA)
-    TILE: tl.constexpr = SUB * BLOCK_N
     seq_len = tl.load(lens_ptr + b)
     # this split's tokens: an equal share of the request's tier, rounded up to whole tiles
-    split_len = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), TILE) * TILE
+    split_len = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
     start = split * split_len
     end = tl.minimum(start + split_len, seq_len)
 
     hj = tl.arange(0, BLOCK_H)
-    hmask = (hj % G) < GQA
-    heads = kh * GQA + hj % G  # contiguous GQA grouping: query head kh·g + j reads KV head kh
+    hmask = hj < GQA
+    heads = kh * GQA + hj  # contiguous GQA grouping: query head kh·g + j reads KV head kh
     q0, q1, q2, q3, qsum = _load_q4(q_ptr, b * sqb + heads * sqh, hmask, qk_scale, QD, PRECISION)
     m = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l = tl.zeros([BLOCK_H], tl.float32)
@@ -62,40 +58,27 @@ def _tier_partial(q_ptr, k_ptr, ks_ptr, v_ptr, vs_ptr, table_ptr, lens_ptr, mid_
     a2 = tl.zeros([BLOCK_H, QD], tl.float32)
     a3 = tl.zeros([BLOCK_H, QD], tl.float32)
     table = table_ptr + b.to(tl.int64) * s_table
-    for n0 in range(start, end, TILE):
-        if SUB > 1:
-            m, l, a0, a1, a2, a3 = _int2_step_packed(
-                q0, q1, q2, q3, qsum, k_ptr, ks_ptr, v_ptr, vs_ptr, table, n0, end, hj // G, m, l, a0, a1, a2, a3,
-                s_page, s_tok, sk_page, sk_tok, ss_page, ss_tok, kh * s_head, kh * sk_head, kh * ss_head,
-                BLOCK_H, PAGE, QD, SUB, BLOCK_N, PRECISION, KEY_BITS)
-        else:
-            offs = n0 + tl.arange(0, BLOCK_N)
-            nmask = offs < end
-            base = _page_bases(table, offs, nmask, PAGE, s_page, s_tok, kh * s_head)
-            if INT2:
-                sbase = _page_bases(table, offs, nmask, PAGE, ss_page, ss_tok, kh * ss_head)
-                if KEY_BITS == 2:
-                    kbase = base  # K and V code rows share strides
-                else:
-                    kbase = _page_bases(table, offs, nmask, PAGE, sk_page, sk_tok, kh * sk_head)
-                m, l, a0, a1, a2, a3 = _int2_step(q0, q1, q2, q3, qsum, k_ptr, ks_ptr, v_ptr, vs_ptr, base, kbase,
-                                                  sbase, nmask, m, l, a0, a1, a2, a3, QD, GS, PRECISION, KEY_BITS)
+    for n0 in range(start, end, BLOCK_N):
+        offs = n0 + tl.arange(0, BLOCK_N)
+        nmask = offs < end
+        base = _page_bases(table, offs, nmask, PAGE, s_page, s_tok, kh * s_head)
+        if INT2:
+            sbase = _page_bases(table, offs, nmask, PAGE, ss_page, ss_tok, kh * ss_head)
+            if KEY_BITS == 2:
+                kbase = base  # K and V code rows share strides
             else:
-                m, l, a0, a1, a2, a3 = _rows_step(q0, q1, q2, q3, k_ptr, v_ptr, base, nmask, nmask[None, :],
-                                                  m, l, a0, a1, a2, a3, QD, PRECISION)
+                kbase = _page_bases(table, offs, nmask, PAGE, sk_page, sk_tok, kh * sk_head)
+            m, l, a0, a1, a2, a3 = _int2_step(q0, q1, q2, q3, qsum, k_ptr, ks_ptr, v_ptr, vs_ptr, base, kbase,
+                                              sbase, nmask, m, l, a0, a1, a2, a3, QD, GS, PRECISION, KEY_BITS)
+        else:
+            m, l, a0, a1, a2, a3 = _rows_step(q0, q1, q2, q3, k_ptr, v_ptr, base, nmask, nmask[None, :],
+                                              m, l, a0, a1, a2, a3, QD, PRECISION)
 
-    if SUB > 1:
-        a0, a1, a2, a3, lse = _merge_packed_rows(m, l, a0, a1, a2, a3, SUB, G, QD)
-        hg = tl.arange(0, G)
-        row = (b * n_q_heads + kh * GQA + hg).to(tl.int64) * total_splits + row_split  # [G]
-        _store4(mid_o_ptr, row * D, hg < GQA, a0, a1, a2, a3, tl.full([G], 1.0, tl.float32), QD)
-        tl.store(mid_lse_ptr + row, lse, mask=hg < GQA)
-    else:
-        row = (b * n_q_heads + heads).to(tl.int64) * total_splits + row_split  # [BLOCK_H]
-        inv_l = tl.where(l > 0, 1.0 / tl.where(l > 0, l, 1.0), 0.0)
-        _store4(mid_o_ptr, row * D, hmask, a0, a1, a2, a3, inv_l, QD)
-        lse = tl.where(l > 0, m + tl.log2(tl.where(l > 0, l, 1.0)), float("-inf"))
-        tl.store(mid_lse_ptr + row, lse, mask=hmask)
+    row = (b * n_q_heads + heads).to(tl.int64) * total_splits + row_split  # [BLOCK_H]
+    inv_l = tl.where(l > 0, 1.0 / tl.where(l > 0, l, 1.0), 0.0)
+    _store4(mid_o_ptr, row * D, hmask, a0, a1, a2, a3, inv_l, QD)
+    lse = tl.where(l > 0, m + tl.log2(tl.where(l > 0, l, 1.0)), float("-inf"))
+    tl.store(mid_lse_ptr + row, lse, mask=hmask)
 
 
 @triton.jit
@@ -105,7 +88,7 @@ def _decode_stage1_kernel(q_ptr, kc_ptr, ks_ptr, vc_ptr, vs_ptr, t2_ptr, l2_ptr,
                           GQA: tl.constexpr, PAGE2: tl.constexpr, PAGE16: tl.constexpr, D: tl.constexpr,
                           GS: tl.constexpr, SPLITS2: tl.constexpr, SPLITS16: tl.constexpr, BLOCK_H: tl.constexpr,
                           BLOCK_N2: tl.constexpr, BLOCK_N16: tl.constexpr, PRECISION: tl.constexpr,
-                          KEY_BITS: tl.constexpr, SUB2: tl.constexpr):
+                          KEY_BITS: tl.constexpr):
     # both tiers in one launch (splits [0, SPLITS2) INT2, the rest BF16): one kernel launch fewer per
     # layer and step, ~4 µs of a 25 µs bs-1 16K step on the H200
     b = tl.program_id(0)
@@ -115,11 +98,11 @@ def _decode_stage1_kernel(q_ptr, kc_ptr, ks_ptr, vc_ptr, vs_ptr, t2_ptr, l2_ptr,
     if split < SPLITS2:
         _tier_partial(q_ptr, kc_ptr, ks_ptr, vc_ptr, vs_ptr, t2_ptr, l2_ptr, mid_o_ptr, mid_lse_ptr, qk_scale, sqb, sqh,
                       scp, sct, sch, skp, skt, skh, ssp, sst, ssh, st2, n_q_heads, b, kh, split, split, total,
-                      GQA, PAGE2, D, GS, True, SPLITS2, BLOCK_H, BLOCK_N2, PRECISION, KEY_BITS, SUB2)
+                      GQA, PAGE2, D, GS, True, SPLITS2, BLOCK_H, BLOCK_N2, PRECISION, KEY_BITS)
     else:
         _tier_partial(q_ptr, kb_ptr, kb_ptr, vb_ptr, vb_ptr, t16_ptr, l16_ptr, mid_o_ptr, mid_lse_ptr, qk_scale, sqb,
                       sqh, sbp, sbt, sbh, 0, 0, 0, 0, 0, 0, st16, n_q_heads, b, kh, split - SPLITS2, split, total,
-                      GQA, PAGE16, D, GS, False, SPLITS16, BLOCK_H, BLOCK_N16, PRECISION, 2, 1)
+                      GQA, PAGE16, D, GS, False, SPLITS16, BLOCK_H, BLOCK_N16, PRECISION, 2)
 
 
 @triton.jit
@@ -167,18 +150,6 @@ def default_block_n(batch: int, n_kv_heads: int, max_len: int | None, num_sms: i
     return 64 if batch * n_kv_heads * math.ceil(max_len / (4 * 128)) < 2 * num_sms else 128
 
 
-def check_row_pack(row_pack: int, g: int, block_n: int, one_group: bool) -> None:
-    check_pow2("row_pack", row_pack, minimum=1)
-    if row_pack == 1:
-        return
-    if not one_group:
-        raise ValueError("row_pack: packing needs one (s, z) group per row (group_size = head_dim); use 1")
-    if 16 // row_pack < g:
-        raise ValueError(f"row_pack: {row_pack} sub-tiles leave {16 // row_pack} rows each, fewer than g = {g}")
-    if block_n // row_pack < 16:
-        raise ValueError(f"row_pack: block_n {block_n} / {row_pack} is below the 16-token dot minimum")
-
-
 def default_bf16_splits(batch: int, n_kv_heads: int, num_sms: int = H200_SMS) -> int:
     """BF16 splits: the tier is small (64 sink + 256-263 recent tokens), ≤ 8 splits as in the original."""
     return max(1, min(8, math.ceil(num_sms / max(1, batch * n_kv_heads))))
@@ -189,8 +160,7 @@ def int2_decode_attention(q: torch.Tensor, kv: PagedKV, seg: Segments, *, k_rota
                           num_splits: int | None = None, bf16_splits: int | None = None,
                           max_int2_len: int | None = None, block_n: int | None = None, bf16_block_n: int = 64,
                           num_warps: int = 4, num_stages: int | None = None, precision: str = "bf16",
-                          num_sms: int = H200_SMS, max_registers: int | None = None,
-                          row_pack: int = 1) -> torch.Tensor:
+                          num_sms: int = H200_SMS, max_registers: int | None = None) -> torch.Tensor:
     """One decode query per request over its INT2 + BF16 tokens → o [B, Hq, d] float32.
 
     q [B, Hq, d] is in the rotated K basis unless k_rotation (fp32 [d, d] or [H_kv, d, d]) is given,
@@ -209,8 +179,6 @@ def int2_decode_attention(q: torch.Tensor, kv: PagedKV, seg: Segments, *, k_rota
     for resident programs; 0 lets ptxas choose; None: 128 on CUDA for that layout at block_n 128
     (4 resident programs of 4 warps per SM instead of 3 at ptxas's 150, no spills; H200 sweep:
     bs 32 × 128K 3195 -> 2722 µs, bs 8 × 128K 736 -> 720, bs 1 × 16K 22.1 -> 22.5), else ptxas.
-    row_pack: sub-tiles of block_n / row_pack tokens stacked in the 16 MMA rows (_attn_packed), for
-    the one-group layout when g ≤ 16 / row_pack; 1 = one tile per row set (default).
     Example: o = int2_decode_attention(q, PagedKV(...), Segments(...), k_rotation=R_K, v_rotation=R_V)
     """
     geo = kv.geometry()
@@ -236,7 +204,6 @@ def int2_decode_attention(q: torch.Tensor, kv: PagedKV, seg: Segments, *, k_rota
     elif max_registers != 0:
         check_positive("max_registers", max_registers)
     g = hq // hkv
-    check_row_pack(row_pack, g, block_n, geo.group_size == d)
     s2 = num_splits or default_num_splits(b, hkv, max_int2_len, num_sms, block_n)
     s16 = bf16_splits or default_bf16_splits(b, hkv, num_sms)
     total = s2 + s16
@@ -255,8 +222,8 @@ def int2_decode_attention(q: torch.Tensor, kv: PagedKV, seg: Segments, *, k_rota
         seg.bf16_lens, mid_o, mid_lse, qk_scale, q.stride(0), q.stride(1), *kv.v_codes.stride()[:3],
         *kv.k_codes.stride()[:3], *kv.k_scales.stride()[:3], t2.stride(0), *kv.k_bf16.stride()[:3], t16.stride(0), hq,
         GQA=g, PAGE2=geo.int2_page_size, PAGE16=geo.bf16_page_size, D=d, GS=geo.group_size, SPLITS2=s2,
-        SPLITS16=s16, BLOCK_H=block_h, BLOCK_N2=block_n // row_pack, BLOCK_N16=bf16_block_n, PRECISION=precision,
-        KEY_BITS=geo.key_bits, SUB2=row_pack, num_warps=num_warps, num_stages=num_stages,
+        SPLITS16=s16, BLOCK_H=block_h, BLOCK_N2=block_n, BLOCK_N16=bf16_block_n, PRECISION=precision,
+        KEY_BITS=geo.key_bits, num_warps=num_warps, num_stages=num_stages,
         **({"maxnreg": max_registers} if max_registers else {}))
     _decode_merge_kernel[(b, hq)](mid_o, mid_lse, out, out.stride(0), out.stride(1), hq, total,
                                   D=d, BLOCK_S=triton.next_power_of_2(total), num_warps=4)

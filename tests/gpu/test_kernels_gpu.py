@@ -146,18 +146,6 @@ def test_decode_fast_layout_gqa_cuda(seed, g, d, block_n, nreg):
     assert_close_verbose(out, decode_attention_reference(q, kv, seg), 3e-3, 1e-2, what=f"g={g} d={d} {block_n}")
 
 
-@pytest.mark.parametrize("g, row_pack", [(4, 4), (4, 2), (8, 2), (3, 4), (1, 4)])
-def test_decode_row_pack_cuda(seed, g, row_pack):
-    # packed rows (_attn_packed) at the one-group bf16 defaults, 2- and 3-bit keys
-    hkv = 4
-    for key_bits in (2, 3):
-        kv, seg = random_mixed_cache([3001, 1, 777, 130], [320, 5, 0, 263], hkv, D, device=CUDA, seed=seed,
-                                     key_bits=key_bits)
-        q = torch.randn(4, hkv * g, D, device=CUDA)
-        out = int2_decode_attention(q, kv, seg, row_pack=row_pack)
-        assert_close_verbose(out, decode_attention_reference(q, kv, seg), 3e-3, 1e-2, what=f"g={g} pack={row_pack}")
-
-
 def test_kv_writes_one_launch_bit_exact_cuda(seed):
     # int2_write_kv / bf16_write_kv (the engines' per-step writes) equal the reference for both sides
     n = 40

@@ -49,20 +49,20 @@ SCRIPT = textwrap.dedent('''
         # the default layout (one group) must stay light: 3+ programs of 4 warps per SM need <= 48 KB each
         # (tf32 / ieee, for checks, stage fp32 operands: 84 KB at these defaults)
         check(da._decode_stage1_kernel, d1, dict(GQA=4, PAGE2=8, PAGE16=8, D=128, GS=128, SPLITS2=17, SPLITS16=4,
-              BLOCK_H=16, BLOCK_N2=128, BLOCK_N16=64, PRECISION=prec, KEY_BITS=2, SUB2=1), num_stages=3,
+              BLOCK_H=16, BLOCK_N2=128, BLOCK_N16=64, PRECISION=prec, KEY_BITS=2), num_stages=3,
               max_shared=48 << 10 if prec in ("bf16", "fp16") else None)
     # 3-bit keys at the launcher's defaults (factored path, generic key unpack)
     check(da._decode_stage1_kernel, d1, dict(GQA=4, PAGE2=8, PAGE16=8, D=128, GS=128, SPLITS2=17, SPLITS16=4,
-          BLOCK_H=16, BLOCK_N2=128, BLOCK_N16=64, PRECISION="bf16", KEY_BITS=3, SUB2=1), num_stages=3, max_shared=64 << 10)
+          BLOCK_H=16, BLOCK_N2=128, BLOCK_N16=64, PRECISION="bf16", KEY_BITS=3), num_stages=3, max_shared=64 << 10)
     for prec in ("bf16", "ieee"):  # several groups per row: the launcher's 64 / 2 default fits the 227 KB
         check(da._decode_stage1_kernel, d1, dict(GQA=4, PAGE2=8, PAGE16=8, D=128, GS=64, SPLITS2=17, SPLITS16=4,
-              BLOCK_H=16, BLOCK_N2=64, BLOCK_N16=64, PRECISION=prec, KEY_BITS=2, SUB2=1), num_stages=2,
+              BLOCK_H=16, BLOCK_N2=64, BLOCK_N16=64, PRECISION=prec, KEY_BITS=2), num_stages=2,
               max_shared=227 << 10)
     check(da._decode_stage1_kernel, dict(d1, ks_ptr=P("fp16"), vs_ptr=P("fp16")), dict(GQA=12, PAGE2=8, PAGE16=8,
-          D=64, GS=32, SPLITS2=4, SPLITS16=2, BLOCK_H=16, BLOCK_N2=64, BLOCK_N16=64, PRECISION="bf16", KEY_BITS=3, SUB2=1))
+          D=64, GS=32, SPLITS2=4, SPLITS16=2, BLOCK_H=16, BLOCK_N2=64, BLOCK_N16=64, PRECISION="bf16", KEY_BITS=3))
     # the launcher's short-work tile (default_block_n) at its default stages
     check(da._decode_stage1_kernel, d1, dict(GQA=4, PAGE2=8, PAGE16=8, D=128, GS=128, SPLITS2=63, SPLITS16=8,
-          BLOCK_H=16, BLOCK_N2=64, BLOCK_N16=64, PRECISION="bf16", KEY_BITS=2, SUB2=1), num_stages=3, max_shared=48 << 10)
+          BLOCK_H=16, BLOCK_N2=64, BLOCK_N16=64, PRECISION="bf16", KEY_BITS=2), num_stages=3, max_shared=48 << 10)
     check(da._decode_merge_kernel, dict(mid_o_ptr=P("fp32"), mid_lse_ptr=P("fp32"), out_ptr=P("fp32")),
           dict(D=128, BLOCK_S=128))
     e = dict(q_ptr=P("bf16"), kn_ptr=P("bf16"), vn_ptr=P("bf16"), kc_ptr=P("u8"), ks_ptr=P("fp32"), vc_ptr=P("u8"),

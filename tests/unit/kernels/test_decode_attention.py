@@ -130,26 +130,3 @@ def test_three_bit_key_shape_errors():
     with pytest.raises(ValueError, match="bits"):
         type(kv)(kv.k_codes, kv.k_scales, kv.v_codes, kv.v_scales, kv.k_bf16, kv.v_bf16, None, 4).geometry()
 
-
-@pytest.mark.parametrize("g, row_pack, key_bits", [(4, 4, 2), (4, 2, 3), (1, 4, 2), (3, 4, 2), (8, 2, 2)])
-def test_row_pack_matches_reference(seed, g, row_pack, key_bits):
-    # sub-tiles stacked in the MMA rows (_attn_packed): empty, one-token and partial sub-tiles
-    kv, seg = random_mixed_cache([0, 1, 200, 77], [13, 0, 9, 1], 2, 64, seed=seed, key_bits=key_bits)
-    q = torch.randn(4, 2 * g, 64)
-    out = int2_decode_attention(q, kv, seg, num_splits=3, bf16_splits=2, block_n=64, bf16_block_n=16,
-                                precision="ieee", row_pack=row_pack)
-    assert_close_verbose(out, decode_attention_reference(q, kv, seg), *TOLERANCES["ieee"], what=f"pack {row_pack}")
-
-
-def test_row_pack_errors():
-    kv, seg = random_mixed_cache([40], [3], 2, 64, group_size=32)
-    q = torch.randn(1, 8, 64)
-    with pytest.raises(ValueError, match="row_pack.*group"):
-        int2_decode_attention(q, kv, seg, row_pack=2, precision="ieee")
-    kv, seg = random_mixed_cache([40], [3], 2, 64)
-    with pytest.raises(ValueError, match="row_pack.*g = 8"):
-        int2_decode_attention(torch.randn(1, 16, 64), kv, seg, row_pack=4, precision="ieee")
-    with pytest.raises(ValueError, match="row_pack.*16-token"):
-        int2_decode_attention(q, kv, seg, row_pack=4, block_n=32, precision="ieee")
-    with pytest.raises(ValueError, match="row_pack"):
-        int2_decode_attention(q, kv, seg, row_pack=3, precision="ieee")
