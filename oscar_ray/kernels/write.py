@@ -3,7 +3,6 @@
 int2_write   new rows x [N, H_kv, d] (not yet rotated) → INT2 slots (page id, offset) of codes + scales
 bf16_write   new rows x [N, H_kv, d] → rotated bf16 rows in BF16 page slots (sink / recent ring)
 int2_write_kv / bf16_write_kv  the same for the K and V rows of a step in one launch
-demote_pages BF16 pages (already rotated) → INT2 pages, every token of every listed page, one launch
 
 Codes and scales equal quant/int2.py's bit for bit (see _quant_tiles.py); the rotation is one fp32
 tl.dot with input_precision "ieee", so it agrees with torch's x·R to fp32 rounding (exactly when the
@@ -118,26 +117,6 @@ def _bf16_write_kernel(xk_ptr, xv_ptr, rk_ptr, rv_ptr, page_ptr, off_ptr, ok_ptr
         _bf16_cols(xk_ptr, rk_ptr, n, rmask, h, c0, sxkn, sxkh, srkh, ok_ptr + slot, D, CN, ROTATE_K)
     else:
         _bf16_cols(xv_ptr, rv_ptr, n, rmask, h, c0, sxvn, sxvh, srvh, ov_ptr + slot, D, CN, ROTATE_V)
-
-
-@triton.jit
-def _demote_pages_kernel(src_ptr, src_ids_ptr, dst_ids_ptr, codes_ptr, scales_ptr, page_size,
-                         sbp, sbt, sbh, scp, sco, sch, ssp, sso, ssh,
-                         D: tl.constexpr, GS: tl.constexpr, BR: tl.constexpr,
-                         CLIP: tl.constexpr, CLIP_IDX: tl.constexpr, SCALE_FP16: tl.constexpr, BITS: tl.constexpr):
-    i = tl.program_id(0)
-    h = tl.program_id(1)
-    t = tl.program_id(2) * BR + tl.arange(0, BR)  # token offsets inside the page
-    rmask = t < page_size
-    src = tl.load(src_ids_ptr + i).to(tl.int64)
-    dst = tl.load(dst_ids_ptr + i).to(tl.int64)
-    ptrs = src_ptr + src * sbp + (t * sbt + h * sbh)[:, None] + tl.arange(0, D)[None, :]
-    x = tl.load(ptrs, mask=rmask[:, None], other=0.0).to(tl.float32)
-    if CLIP:
-        x = _clip_rows(x, CLIP_IDX)
-    code_rows = codes_ptr + dst * scp + t * sco + h * sch
-    scale_rows = scales_ptr + dst * ssp + t * sso + h * ssh
-    _quantize_pack_store(x, rmask, code_rows, scale_rows, BR, D, GS, SCALE_FP16, BITS)
 
 
 def _check_int2_pages(codes: torch.Tensor, scales: torch.Tensor, h: int, d: int, group_size: int | None,
@@ -272,33 +251,3 @@ def bf16_write_kv(k: torch.Tensor, v: torch.Tensor | None, k_rotation: torch.Ten
         0 if rk is None or rk.ndim == 2 else d * d, 0 if rv is None or rv.ndim == 2 else d * d,
         k_pages.stride(0), k_pages.stride(1), k_pages.stride(2),
         D=d, BR=block_rows, CN=cn, ROTATE_K=rk is not None, ROTATE_V=rv is not None, num_warps=num_warps)
-
-
-def demote_pages(bf16_pages: torch.Tensor, src_page_ids: torch.Tensor, dst_page_ids: torch.Tensor,
-                 codes: torch.Tensor, scales: torch.Tensor, clip_ratio: float, group_size: int | None = None,
-                 num_warps: int = 4, bits: int = 2) -> None:
-    """Quantise every token of BF16 pages src_page_ids[i] into INT2 page dst_page_ids[i], one launch.
-
-    bf16_pages [P16, page, H_kv, d] hold rotated rows, so no rotation is applied; the INT2 pages
-    must have the same page size.  The source pages are left as they are (the caller frees them).
-    """
-    check_tensor("bf16_pages", bf16_pages, (torch.bfloat16,), ndim=4)
-    _, page, h, d = bf16_pages.shape
-    check_pow2("head_dim", d, minimum=16)
-    bits = check_bits(bits)
-    gs, _ = _check_int2_pages(codes, scales, h, d, group_size, bf16_pages.device, bits)
-    if codes.shape[1] != page:
-        raise ValueError(f"codes page size {codes.shape[1]} must equal bf16_pages page size {page}")
-    check_tensor("src_page_ids", src_page_ids, (torch.int32,), ndim=1, device=bf16_pages.device)
-    check_tensor("dst_page_ids", dst_page_ids, (torch.int32,), shape=src_page_ids.shape, device=bf16_pages.device)
-    clip, idx = _clip_args(clip_ratio, d)
-    if src_page_ids.numel() == 0:
-        return
-    br = min(triton.next_power_of_2(page), 64)  # page 8 → 8 rows per program, no tl.dot so no 16 minimum
-    grid = (src_page_ids.numel(), h, triton.cdiv(page, br))
-    _demote_pages_kernel[grid](
-        bf16_pages, src_page_ids, dst_page_ids, codes, scales, page,
-        bf16_pages.stride(0), bf16_pages.stride(1), bf16_pages.stride(2),
-        codes.stride(0), codes.stride(1), codes.stride(2), scales.stride(0), scales.stride(1), scales.stride(2),
-        D=d, GS=gs, BR=br, CLIP=clip, CLIP_IDX=idx, SCALE_FP16=scales.dtype == torch.float16, BITS=bits,
-        num_warps=num_warps)

@@ -95,17 +95,18 @@ class KVStore:
         dst = torch.tensor([m.dst for m in demotions], dtype=torch.int32, device=self.device)
         g = self.geometry
         for layer in range(g.n_layers):
-            for bf16, (codes, scales, clip, bits) in zip((self.k_bf16, self.v_bf16), self._sides(layer)):
-                if self.cpu:
-                    rows = bf16[layer][src.long()].reshape(-1, g.n_kv_heads, g.head_dim)
-                    c, s = int2_write_reference(rows, None, clip, self.group_size, self.scale_dtype, bits)
-                    codes[layer][dst.long()] = c.reshape(len(demotions), g.page_size, g.n_kv_heads, -1)
-                    scales[layer][dst.long()] = s.reshape(len(demotions), g.page_size, g.n_kv_heads, -1)
-                else:
-                    from oscar_ray.kernels import demote_pages
+            if not self.cpu:  # K and V of every demoted page in one launch per layer
+                from oscar_ray.kernels import demote_pages_kv
 
-                    demote_pages(bf16[layer], src, dst, codes[layer], scales[layer], clip, self.group_size,
-                                 bits=bits)
+                demote_pages_kv(self.k_bf16[layer], self.v_bf16[layer], src, dst, self.k_codes[layer],
+                                self.k_scales[layer], self.v_codes[layer], self.v_scales[layer], self.k_clip[layer],
+                                self.v_clip[layer], self.group_size, key_bits=self.key_bits)
+                continue
+            for bf16, (codes, scales, clip, bits) in zip((self.k_bf16, self.v_bf16), self._sides(layer)):
+                rows = bf16[layer][src.long()].reshape(-1, g.n_kv_heads, g.head_dim)
+                c, s = int2_write_reference(rows, None, clip, self.group_size, self.scale_dtype, bits)
+                codes[layer][dst.long()] = c.reshape(len(demotions), g.page_size, g.n_kv_heads, -1)
+                scales[layer][dst.long()] = s.reshape(len(demotions), g.page_size, g.n_kv_heads, -1)
 
     def copy(self, copies: list[PageCopy]) -> None:
         """Copy token ranges between pages of one kind (issued by `fork` for a partial tail page)."""

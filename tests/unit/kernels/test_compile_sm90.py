@@ -18,7 +18,7 @@ SCRIPT = textwrap.dedent('''
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    from oscar_ray.kernels import decode_attention as da, extend_attention as ea, write
+    from oscar_ray.kernels import decode_attention as da, demote, extend_attention as ea, write
 
     def check(fn, types, constexprs, num_warps=4, num_stages=2, max_shared=None):
         sig = {n: "constexpr" if n in constexprs else types.get(n, "i32") for n in fn.arg_names}
@@ -38,10 +38,11 @@ SCRIPT = textwrap.dedent('''
     check(write._bf16_write_kernel, dict(xk_ptr=P("bf16"), xv_ptr=P("bf16"), rk_ptr=P("fp32"), rv_ptr=P("fp32"),
           page_ptr=P("i32"), off_ptr=P("i32"), ok_ptr=P("bf16"), ov_ptr=P("bf16")),
           dict(D=128, BR=16, CN=32, ROTATE_K=True, ROTATE_V=False))
-    for bits in (2, 3):
-        check(write._demote_pages_kernel, dict(src_ptr=P("bf16"), src_ids_ptr=P("i32"), dst_ids_ptr=P("i32"),
-              codes_ptr=P("u8"), scales_ptr=P("fp32")), dict(D=128, GS=128, BR=8, CLIP=True, CLIP_IDX=122,
-              SCALE_FP16=False, BITS=bits))
+    for bits, clip_v in ((2, False), (3, True)):  # CLIP_IDX 122 walks down from the max, 60 bisects
+        check(demote._demote_pages_kernel, dict(sk_ptr=P("bf16"), sv_ptr=P("bf16"), src_ids_ptr=P("i32"),
+              dst_ids_ptr=P("i32"), kc_ptr=P("u8"), ks_ptr=P("fp32"), vc_ptr=P("u8"), vs_ptr=P("fp32")),
+              dict(D=128, GS=128, BR=8, TB=1, CLIP_K=True, CLIP_IDX_K=122, BITS_K=bits, CLIP_V=clip_v,
+                   CLIP_IDX_V=60, SCALE_FP16=False))
     d1 = dict(q_ptr=P("fp32"), kc_ptr=P("u8"), ks_ptr=P("fp32"), vc_ptr=P("u8"), vs_ptr=P("fp32"), t2_ptr=P("i32"),
               l2_ptr=P("i32"), kb_ptr=P("bf16"), vb_ptr=P("bf16"), t16_ptr=P("i32"), l16_ptr=P("i32"),
               mid_o_ptr=P("fp32"), mid_lse_ptr=P("fp32"), qk_scale="fp32")

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from oscar_ray.kernels import bf16_write, bf16_write_kv, demote_pages, int2_write, int2_write_kv
+from oscar_ray.kernels import bf16_write, bf16_write_kv, demote_pages, demote_pages_kv, int2_write, int2_write_kv
 from oscar_ray.kernels.reference import bf16_write_reference, int2_write_reference
 from tests.utils import assert_close_verbose
 
@@ -139,6 +139,30 @@ def test_demote_pages_bit_exact(seed, d, scale_dtype, halves, bits, clip):
     rows = src_pages[src.long()].flatten(0, 1)  # [3·PAGE, H, d] in destination order
     flat = (dst.long()[:, None] * PAGE + torch.arange(PAGE)).flatten()
     _check_written(codes, scales, flat, *int2_write_reference(rows, None, clip, gs, scale_dtype, bits))
+
+
+@pytest.mark.parametrize("key_bits, k_clip, v_clip", [(2, 0.96, 0.0), (3, 0.0, 0.5), (2, 0.3, 0.9)])
+def test_demote_kv_in_one_launch_bit_exact(seed, key_bits, k_clip, v_clip):
+    # a ring overflow demotes K and V of the same pages; each side keeps its clip (both clip
+    # algorithms: 0.96 / 0.9 walk down from the max, 0.3 / 0.5 bisect) and bit width
+    h, d, n16, n2 = 2, 64, 6, 9
+    kp, vp = ((torch.randn(n16, PAGE, h, d) * 2).to(torch.bfloat16) for _ in "kv")
+    kp[0, 0, 0, :8] = 1.0  # ties at the top of a row
+    src = torch.tensor([4, 0, 2], dtype=torch.int32)
+    dst = torch.tensor([1, 8, 5], dtype=torch.int32)
+    kc, ks = _pages(n2, h, d, 1, torch.float16, key_bits)
+    vc, vs = _pages(n2, h, d, 1, torch.float16)
+    demote_pages_kv(kp, vp, src, dst, kc, ks, vc, vs, k_clip, v_clip, key_bits=key_bits)
+    flat = (dst.long()[:, None] * PAGE + torch.arange(PAGE)).flatten()
+    for pages, c, s, clip, bits in ((kp, kc, ks, k_clip, key_bits), (vp, vc, vs, v_clip, 2)):
+        rows = pages[src.long()].flatten(0, 1)
+        _check_written(c, s, flat, *int2_write_reference(rows, None, clip, None, torch.float16, bits))
+    with pytest.raises(ValueError, match="v_clip"):
+        demote_pages_kv(kp, vp, src, dst, kc, ks, vc, vs, 0.9, 1.5, key_bits=key_bits)
+    with pytest.raises(ValueError, match="v_scales"):
+        demote_pages_kv(kp, vp, src, dst, kc, ks, vc, vs.float(), 0.9, 0.0, key_bits=key_bits)
+    with pytest.raises(ValueError, match="give all three"):
+        demote_pages_kv(kp, vp, src, dst, kc, ks, None, vs, 0.9, 0.0, key_bits=key_bits)
 
 
 @pytest.mark.parametrize("d", [64, 128])
