@@ -25,8 +25,8 @@ import time
 import torch
 import triton
 
-from oscar_ray.kernels import (bf16_write, bf16_write_kv, default_num_splits, demote_pages, int2_decode_attention,
-                               int2_extend_attention, int2_write, int2_write_kv)
+from oscar_ray.kernels import (bf16_write, bf16_write_kv, default_num_splits, demote_pages, demote_pages_kv,
+                               int2_decode_attention, int2_extend_attention, int2_write, int2_write_kv)
 from oscar_ray.kernels.decode_attention import default_block_n
 from oscar_ray.kernels.synthetic import random_mixed_cache
 
@@ -98,22 +98,28 @@ def bench_decode(batch: int, ctx: int, args, device: str) -> list[str] | None:
                   + 2 * batch * HQ * D * 4)
     sdpa_bytes = batch * ctx * HKV * D * 2 * 2 + 2 * batch * HQ * D * 2
     if not _fits(3 * (ours_bytes + sdpa_bytes), device):
-        return [str(batch), str(ctx), "skipped (memory)", "", "", "", "", "", ""]
+        return [str(batch), str(ctx), "skipped (memory)", "", "", "", "", "", "", "", ""]
     kv, seg = random_mixed_cache([n2] * batch, [SINK + RECENT] * batch, HKV, D, scale_dtype=args.scale_dtype,
                                  device=device, key_bits=args.key_bits)
     block_n = args.block_n or default_block_n(batch, HKV, n2)
     splits = args.num_splits or default_num_splits(batch, HKV, n2, block_n=block_n)
     q = torch.randn(batch, HQ, D, device=device)
+    # the fused ring write (the torch engine's decode launch): the new token's K/V row, fp32 as the
+    # engine's rotated rows are, stored into each request's last BF16-tier slot by the same launch
+    new_k, new_v = (torch.randn(batch, HKV, D, device=device) for _ in "kv")
 
-    def ours(copies):
+    def ours(copies, append=False):
         caches = [(kv, seg)] + [(type(kv)(*[t.clone() for t in list(_tensors(kv))], kv.group_size, kv.key_bits),
                                  type(seg)(*[t.clone() for t in _tensors(seg)])) for _ in range(copies - 1)]
         return [lambda c=c: int2_decode_attention(q, c[0], c[1], num_splits=splits, block_n=block_n,
                                                   num_warps=args.num_warps, num_stages=args.num_stages,
-                                                  precision=args.precision, max_registers=args.max_registers)
+                                                  precision=args.precision, max_registers=args.max_registers,
+                                                  append_k=new_k if append else None,
+                                                  append_v=new_v if append else None)
                 for c in caches]
 
     t_ours = time_calls(ours, ours_bytes, args)
+    t_fused = time_calls(lambda copies: ours(copies, append=True), ours_bytes, args)
     del kv, seg
     # separate K and V tensors: one tensor for both would let V reads hit L2 right after the K reads
     kb, vb = (torch.randn(batch, HKV, ctx, D, device=device, dtype=torch.bfloat16) for _ in "kv")
@@ -129,7 +135,8 @@ def bench_decode(batch: int, ctx: int, args, device: str) -> list[str] | None:
     gbs = ours_bytes / t_ours[1] / 1e3
     return [str(batch), str(ctx), _fmt(t_ours), f"{gbs:.0f}", f"{100 * gbs / args.peak_gbs:.0f}%",
             f"{splits} / {block_n}",
-            f"{_fmt(t_sdpa)} {backend}", f"{sdpa_bytes / t_sdpa[1] / 1e3:.0f}", f"{t_sdpa[1] / t_ours[1]:.2f}×"]
+            f"{_fmt(t_sdpa)} {backend}", f"{sdpa_bytes / t_sdpa[1] / 1e3:.0f}", f"{t_sdpa[1] / t_ours[1]:.2f}×",
+            _fmt(t_fused), f"{t_fused[1] - t_ours[1]:+.1f}"]
 
 
 def _tensors(obj):
@@ -174,13 +181,17 @@ def bench_writes(batch: int, args, device: str) -> list[str]:
     one2 = lambda n: [lambda: int2_write_kv(x, x, r, r, 0.96, 0.0, slots, zero, codes, scales, vcodes, vscales)] * n
     dem = lambda n: [lambda: (demote_pages(pages, slots, slots, codes, scales, 0.96),
                               demote_pages(vpages, slots, slots, vcodes, vscales, 0.0))] * n
-    t16, t16kv, t2, t2kv, td = (time_calls(f, 0, args) for f in (two16, one16, two2, one2, dem))
-    return [str(batch), _fmt(t16), _fmt(t16kv), _fmt(t2), _fmt(t2kv), _fmt(td), f"{t16kv[1] + td[1] / PAGE:.1f}",
-            f"{t16kv[1] + t2kv[1]:.1f}"]
+    demkv = lambda n: [lambda: demote_pages_kv(pages, vpages, slots, slots, codes, scales, vcodes, vscales,
+                                               0.96, 0.0)] * n
+    t16, t16kv, t2, t2kv, td, tdkv = (time_calls(f, 0, args) for f in (two16, one16, two2, one2, dem, demkv))
+    return [str(batch), _fmt(t16), _fmt(t16kv), _fmt(t2), _fmt(t2kv), _fmt(td), _fmt(tdkv),
+            f"{t16kv[1] + tdkv[1] / PAGE:.1f}", f"{tdkv[1] / PAGE:.1f}", f"{t16kv[1] + t2kv[1]:.1f}"]
 
 
 WRITE_HEADER = ["batch", "bf16_write ×2 µs", "bf16_write_kv µs", "int2_write ×2 µs", "int2_write_kv µs",
-                "demote ×2 µs", f"torch engine step µs (bf16_kv + demote/{PAGE})", "sglang step µs (int2_kv + bf16_kv)"]
+                "demote ×2 µs", "demote_kv µs", f"torch engine step, unfused µs (bf16_kv + demote_kv/{PAGE})",
+                f"demote_kv/{PAGE} µs (the fused step: this + the decode table's append cost)",
+                "sglang step µs (int2_kv + bf16_kv)"]
 
 
 def bench_extend(ctx: int, chunk: int, args, device: str) -> list[str]:
@@ -286,12 +297,13 @@ def main(argv: list[str] | None = None) -> int:
         f" + q/o; SDPA: BF16 K/V + q/o); % of {args.peak_gbs / 1000:.1f} TB/s; speedup = SDPA µs / ours µs", "",
         "## Decode (one query per request, one layer)", "",
         *_table(["batch", "context", "ours µs", "ours GB/s", "% peak", "splits / block_n", "SDPA µs (backend)",
-                 "SDPA GB/s", "speedup"], decode), "",
+                 "SDPA GB/s", "speedup", "ours + fused append µs", "append cost µs"], decode), "",
         "## Writes per decode step (one token per request, K + V, one layer)", "",
         "bf16_write = rotate + store into the BF16 ring (the torch engine's decode path); int2_write = fused"
         " rotate + clip + quantise + pack (K clip 0.96, V none; the sglang pool writes both every step);"
         " ×2 = K and V as two launches, _kv = one launch for both;"
-        f" demote = one {PAGE}-token page per request, every {PAGE} steps.", "",
+        f" demote = one {PAGE}-token page per request, every {PAGE} steps; the torch engine's decode now"
+        " fuses the ring write into the decode launch (decode table, append columns).", "",
         *_table(WRITE_HEADER, writes), "",
         f"## Extend (one request, chunk of new tokens over a cached prefix; precision {args.extend_precision})", "",
         *_table(["context", "chunk", "ours µs", "ours TFLOP/s", "SDPA µs", "SDPA TFLOP/s", "speedup"], extend), "",

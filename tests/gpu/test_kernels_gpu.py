@@ -203,3 +203,28 @@ def test_extend_matches_reference_cuda(seed, precision, atol, rtol):
     v = torch.randn(n, HKV, D, device=CUDA, dtype=torch.bfloat16)
     out = int2_extend_attention(q, k, v, kv, seg, indptr, max_chunk=max(chunks), precision=precision)
     assert_close_verbose(out, extend_attention_reference(q, k, v, kv, seg, indptr), atol, rtol, what=precision)
+
+
+@pytest.mark.parametrize("bf16_lens", [[320, 200, 7, 1], [64, 263, 320, 129]])
+def test_decode_fused_append_equals_write_then_decode_cuda(seed, bf16_lens):
+    # the fused ring write must be visible to the same launch's loads (bar.sync in the owner split):
+    # output and pages bit-equal to bf16_write_kv followed by the plain launch, at the default tiles
+    b = len(bf16_lens)
+    kv, seg = random_mixed_cache([30000, 0, 4100, 900][:b], bf16_lens, HKV, D, device=CUDA, seed=seed)
+    q = torch.randn(b, HQ, D, device=CUDA)
+    k_new, v_new = torch.randn(b, HKV, D, device=CUDA), torch.randn(b, HKV, D, device=CUDA)
+    page = kv.k_bf16.shape[1]
+    last = seg.bf16_lens.long() - 1
+    pid = seg.bf16_page_table.gather(1, (last // page)[:, None])[:, 0].int()
+    off = (last % page).int()
+    ref_k, ref_v = kv.k_bf16.clone(), kv.v_bf16.clone()
+    bf16_write_kv(k_new, v_new, None, None, pid, off, ref_k, ref_v)
+    kv.k_bf16[pid.long(), off.long()] = 1e4  # stale rows: a read before the write would show
+    kv.v_bf16[pid.long(), off.long()] = 1e4
+    for splits in (None, 3):
+        fused = int2_decode_attention(q, kv, seg, bf16_splits=splits, append_k=k_new, append_v=v_new)
+        assert torch.equal(kv.k_bf16, ref_k) and torch.equal(kv.v_bf16, ref_v)
+        kv.k_bf16[pid.long(), off.long()] = 1e4
+        kv.v_bf16[pid.long(), off.long()] = 1e4
+        plain_kv = type(kv)(kv.k_codes, kv.k_scales, kv.v_codes, kv.v_scales, ref_k, ref_v)
+        assert torch.equal(fused, int2_decode_attention(q, plain_kv, seg, bf16_splits=splits)), splits

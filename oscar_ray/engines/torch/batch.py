@@ -3,7 +3,8 @@
 All requests of a step are packed into one sequence of N rows (batch 1, explicit position ids):
 decodes contribute 1 row, prefill chunks C rows. For every layer the attention function
   1. rotates q and k by R_K (OSCAR; values arrive rotated through the absorbed W_v),
-  2. writes the step's new k/v into their slots (INT2 or BF16, the allocator decided),
+  2. writes the step's new k/v into their slots (INT2 or BF16, the allocator decided; on CUDA a
+     decode step's BF16 ring write runs inside the decode launch),
   3. attends each request's rows over [its cached prefix ‖ its own new rows, causally]: the prefix
      from the pages (INT2 dequantised), the new rows at full precision, as in the authors'
      prefill (OSCAR_SPEC §5.2); a decode is a chunk of one.
@@ -119,7 +120,7 @@ class StepBatch:
         """Page tables of both tiers per request, from the segment lists by slicing (no per-page
         Python loop: 15 requests of 128K tokens hold 30K pages at page 64).
         A step of decodes only reads each request's whole cache including the new token (written
-        before the attention) with the split-K decode kernel: the extend kernel's one program per
+        by the same launch, see fused_append) with the split-K decode kernel: the extend kernel's one program per
         (query head, request) walks the whole context serially, a few programs for 132 SMs at
         batch 1.  Any step with a prefill chunk uses the extend kernel over the cached prefix."""
         dev, P = self.store.device, self.store.geometry.page_size
@@ -142,6 +143,11 @@ class StepBatch:
         starts = [lo for lo, _ in self.bounds] + [self.n_rows]
         self.qo_indptr = torch.tensor(starts, dtype=torch.int32).to(dev, non_blocking=True)
         self.max_chunk = max(it.n_new for it in self.items)
+        # decode steps whose new tokens all land in BF16 slots (always, unless a row is a cached
+        # token recomputed for its logits): the ring write fuses into the decode launch, which
+        # stores row b at request b's last BF16-tier slot, the slot the allocator gave that token
+        self.fused_append = (self.decode_only and self.int2_slots[0].numel() == 0
+                             and self.bf16_slots[0].numel() == len(self.items))
 
     # --- the per-layer work ----------------------------------------------------------------------
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -155,6 +161,9 @@ class StepBatch:
         return add_value_mean(out, mu_v)
 
     def _attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if not self.store.cpu and self.fused_append:
+            # every request's new token goes to the tail of its BF16 tier: the decode launch writes it
+            return _decode(q, self.store.paged(layer), self.segments, self.max_int2_len, self.max_bf16_len, (k, v))
         self.store.write(layer, k, v, self.int2_slots, self.bf16_slots)
         if not self.store.cpu:
             if self.decode_only:
@@ -189,19 +198,21 @@ def _pow2_at_least(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
 
-def _decode(q: torch.Tensor, kv, seg: Segments, max_int2: int, max_bf16: int) -> torch.Tensor:
+def _decode(q: torch.Tensor, kv, seg: Segments, max_int2: int, max_bf16: int, append=None) -> torch.Tensor:
     """The split-K decode kernel with split counts from the longest request of each tier, rounded
     up to a power of two so that a growing context compiles O(log n) kernel variants, not one per
     512 tokens.  The BF16 tier gets as many splits as INT2 would when it is long (kv_cache=bf16:
-    every token is BF16; the kernel's default ≤ 8 BF16 splits leave 64 programs at batch 1)."""
+    every token is BF16; the kernel's default ≤ 8 BF16 splits leave 64 programs at batch 1).
+    append (k, v) [B, H_kv, d]: the step's new rows, written by the launch (int2_decode_attention)."""
     from oscar_ray.kernels import default_bf16_splits, default_num_splits, int2_decode_attention
 
     b, hkv = q.shape[0], kv.k_bf16.shape[2]
+    ak, av = append if append is not None else (None, None)
     if q.device.type == "cpu":  # Triton's interpreter runs programs one after another: splits only add work
-        return int2_decode_attention(q, kv, seg, num_splits=1, bf16_splits=1)
+        return int2_decode_attention(q, kv, seg, num_splits=1, bf16_splits=1, append_k=ak, append_v=av)
     s2 = default_num_splits(b, hkv, _pow2_at_least(max(1, max_int2)))
     s16 = max(default_bf16_splits(b, hkv), default_num_splits(b, hkv, _pow2_at_least(max(1, max_bf16)), block_n=64))
-    return int2_decode_attention(q, kv, seg, num_splits=s2, bf16_splits=s16)
+    return int2_decode_attention(q, kv, seg, num_splits=s2, bf16_splits=s16, append_k=ak, append_v=av)
 
 
 ATTN_IMPL = "oscar_paged"

@@ -21,6 +21,8 @@ SCRIPT = textwrap.dedent('''
     from oscar_ray.kernels import decode_attention as da, demote, extend_attention as ea, write
 
     def check(fn, types, constexprs, num_warps=4, num_stages=2, max_shared=None):
+        if fn is da._decode_stage1_kernel:
+            constexprs = {"APPEND": False, **constexprs}
         sig = {n: "constexpr" if n in constexprs else types.get(n, "i32") for n in fn.arg_names}
         k = triton.compile(ASTSource(fn, sig, constexprs), target=GPUTarget("cuda", 90, 32),
                            options={"num_warps": num_warps, "num_stages": num_stages})
@@ -45,7 +47,7 @@ SCRIPT = textwrap.dedent('''
                    CLIP_IDX_V=60, SCALE_FP16=False))
     d1 = dict(q_ptr=P("fp32"), kc_ptr=P("u8"), ks_ptr=P("fp32"), vc_ptr=P("u8"), vs_ptr=P("fp32"), t2_ptr=P("i32"),
               l2_ptr=P("i32"), kb_ptr=P("bf16"), vb_ptr=P("bf16"), t16_ptr=P("i32"), l16_ptr=P("i32"),
-              mid_o_ptr=P("fp32"), mid_lse_ptr=P("fp32"), qk_scale="fp32")
+              mid_o_ptr=P("fp32"), mid_lse_ptr=P("fp32"), qk_scale="fp32", ak_ptr=P("fp32"), av_ptr=P("fp32"))
     for prec in ("bf16", "fp16", "tf32", "ieee"):
         # the default layout (one group) must stay light: 3+ programs of 4 warps per SM need <= 48 KB each
         # (tf32 / ieee, for checks, stage fp32 operands: 84 KB at these defaults)
@@ -64,6 +66,10 @@ SCRIPT = textwrap.dedent('''
     # the launcher's short-work tile (default_block_n) at its default stages
     check(da._decode_stage1_kernel, d1, dict(GQA=4, PAGE2=8, PAGE16=8, D=128, GS=128, SPLITS2=63, SPLITS16=8,
           BLOCK_H=16, BLOCK_N2=64, BLOCK_N16=64, PRECISION="bf16", KEY_BITS=2), num_stages=3, max_shared=48 << 10)
+    # the fused ring write (the torch engine's decode steps)
+    check(da._decode_stage1_kernel, d1, dict(GQA=4, PAGE2=8, PAGE16=8, D=128, GS=128, SPLITS2=17, SPLITS16=4,
+          BLOCK_H=16, BLOCK_N2=128, BLOCK_N16=64, PRECISION="bf16", KEY_BITS=2, APPEND=True), num_stages=3,
+          max_shared=48 << 10)
     check(da._decode_merge_kernel, dict(mid_o_ptr=P("fp32"), mid_lse_ptr=P("fp32"), out_ptr=P("fp32")),
           dict(D=128, BLOCK_S=128))
     e = dict(q_ptr=P("bf16"), kn_ptr=P("bf16"), vn_ptr=P("bf16"), kc_ptr=P("u8"), ks_ptr=P("fp32"), vc_ptr=P("u8"),

@@ -130,3 +130,27 @@ def test_three_bit_key_shape_errors():
     with pytest.raises(ValueError, match="bits"):
         type(kv)(kv.k_codes, kv.k_scales, kv.v_codes, kv.v_scales, kv.k_bf16, kv.v_bf16, None, 4).geometry()
 
+
+
+def test_fused_append_writes_the_slot_and_attends(seed):
+    # append_k / append_v: the launch stores each request's new row into its last BF16-tier slot,
+    # then attends over it; equal to writing the rows first (as the engine did) and attending
+    int2, bf16 = [40, 0, 77, 16], [13, 1, 9, 0]  # request 3 has no BF16 token: nothing to write
+    kv, seg = random_mixed_cache(int2, bf16, 2, 64, seed=seed)
+    b, hkv, d = len(int2), 2, 64
+    k_new, v_new = torch.randn(b, hkv, d), torch.randn(b, hkv, d)
+    page = kv.k_bf16.shape[1]
+    slots = [(int(seg.bf16_page_table[i, (n - 1) // page]), (n - 1) % page) for i, n in enumerate(bf16) if n]
+    want_k, want_v = kv.k_bf16.clone(), kv.v_bf16.clone()
+    for i, (p, o) in zip([i for i, n in enumerate(bf16) if n], slots):
+        want_k[p, o], want_v[p, o] = k_new[i].to(torch.bfloat16), v_new[i].to(torch.bfloat16)
+        kv.k_bf16[p, o] = kv.v_bf16[p, o] = 1e4  # stale values the kernel must overwrite before reading
+    q = torch.randn(b, hkv * 4, d)
+    out = int2_decode_attention(q, kv, seg, num_splits=3, bf16_splits=2, block_n=16, bf16_block_n=16,
+                                precision="ieee", append_k=k_new, append_v=v_new)
+    assert torch.equal(kv.k_bf16, want_k) and torch.equal(kv.v_bf16, want_v)
+    assert_close_verbose(out, decode_attention_reference(q, kv, seg), *TOLERANCES["ieee"], what="append")
+    with pytest.raises(ValueError, match="append_k and append_v"):
+        int2_decode_attention(q, kv, seg, append_k=k_new)
+    with pytest.raises(ValueError, match="append_v"):
+        int2_decode_attention(q, kv, seg, append_k=k_new, append_v=v_new[:, :1])
