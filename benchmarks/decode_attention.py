@@ -179,29 +179,35 @@ def bench_writes(batch: int, args, device: str) -> list[str]:
     two2 = lambda n: [lambda: (int2_write(x, r, 0.96, slots, zero, codes, scales),
                                int2_write(x, r, 0.0, slots, zero, vcodes, vscales))] * n
     one2 = lambda n: [lambda: int2_write_kv(x, x, r, r, 0.96, 0.0, slots, zero, codes, scales, vcodes, vscales)] * n
+    one2_single = lambda n: [lambda: int2_write_kv(x, x, r, r, 0.96, 0.0, slots, zero, codes, scales, vcodes,
+                                                  vscales, two_pass=False)] * n
     dem = lambda n: [lambda: (demote_pages(pages, slots, slots, codes, scales, 0.96),
                               demote_pages(vpages, slots, slots, vcodes, vscales, 0.0))] * n
     demkv = lambda n: [lambda: demote_pages_kv(pages, vpages, slots, slots, codes, scales, vcodes, vscales,
                                                0.96, 0.0)] * n
-    t16, t16kv, t2, t2kv, td, tdkv = (time_calls(f, 0, args) for f in (two16, one16, two2, one2, dem, demkv))
-    return [str(batch), _fmt(t16), _fmt(t16kv), _fmt(t2), _fmt(t2kv), _fmt(td), _fmt(tdkv),
+    t16, t16kv, t2, t2kv, t2f, td, tdkv = (time_calls(f, 0, args)
+                                           for f in (two16, one16, two2, one2, one2_single, dem, demkv))
+    return [str(batch), _fmt(t16), _fmt(t16kv), _fmt(t2), _fmt(t2kv), _fmt(t2f), _fmt(td), _fmt(tdkv),
             f"{t16kv[1] + tdkv[1] / PAGE:.1f}", f"{tdkv[1] / PAGE:.1f}", f"{t16kv[1] + t2kv[1]:.1f}"]
 
 
-WRITE_HEADER = ["batch", "bf16_write ×2 µs", "bf16_write_kv µs", "int2_write ×2 µs", "int2_write_kv µs",
+WRITE_HEADER = ["batch", "bf16_write ×2 µs", "bf16_write_kv µs", "int2_write ×2 µs",
+                "int2_write_kv µs (default: two-pass at N ≤ 64)", "int2_write_kv one-launch µs",
                 "demote ×2 µs", "demote_kv µs", f"torch engine step, unfused µs (bf16_kv + demote_kv/{PAGE})",
                 f"demote_kv/{PAGE} µs (the fused step: this + the decode table's append cost)",
                 "sglang step µs (int2_kv + bf16_kv)"]
 
 
-def bench_extend(ctx: int, chunk: int, args, device: str) -> list[str]:
+def bench_extend(ctx: int, chunk: int, args, device: str, **tiles) -> list[str]:
+    """Extend of one chunk over a cached prefix vs SDPA; tiles: block_m / block_n / num_warps /
+    num_stages for int2_extend_attention (benchmarks/extend_sweep.py), else its defaults."""
     prefix = ctx - chunk
     kv, seg = random_mixed_cache([prefix - SINK], [SINK], HKV, D, scale_dtype=args.scale_dtype, device=device)
     q = torch.randn(chunk, HQ, D, device=device, dtype=torch.bfloat16)
     k, v = (torch.randn(chunk, HKV, D, device=device, dtype=torch.bfloat16) for _ in "kv")
     indptr = torch.tensor([0, chunk], dtype=torch.int32, device=device)
     ours = lambda copies: [lambda: int2_extend_attention(q, k, v, kv, seg, indptr, max_chunk=chunk,
-                                                         precision=args.extend_precision)]
+                                                         precision=args.extend_precision, **tiles)]
     t_ours = time_calls(ours, 0, args)
     from torch.nn.attention.bias import causal_lower_right
     from torch.nn.functional import scaled_dot_product_attention as sdpa
@@ -301,7 +307,8 @@ def main(argv: list[str] | None = None) -> int:
         "## Writes per decode step (one token per request, K + V, one layer)", "",
         "bf16_write = rotate + store into the BF16 ring (the torch engine's decode path); int2_write = fused"
         " rotate + clip + quantise + pack (K clip 0.96, V none; the sglang pool writes both every step);"
-        " ×2 = K and V as two launches, _kv = one launch for both;"
+        " ×2 = K and V as two calls, _kv = one call for both (int2: rotation in a launch of its own, then"
+        " clip + quantise + pack, for N ≤ 64 rows by default; one-launch = the fused single kernel);"
         f" demote = one {PAGE}-token page per request, every {PAGE} steps; the torch engine's decode now"
         " fuses the ring write into the decode launch (decode table, append columns).", "",
         *_table(WRITE_HEADER, writes), "",

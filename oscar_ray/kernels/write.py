@@ -82,9 +82,10 @@ def _int2_write_kernel(xk_ptr, xv_ptr, rk_ptr, rv_ptr, page_ptr, off_ptr, kc_ptr
 
 
 @triton.jit
-def _bf16_cols(x_ptr, r_ptr, n, rmask, h, c0, sxn, sxh, srh, dst, D: tl.constexpr, CN: tl.constexpr,
-               ROTATE: tl.constexpr):
-    """Columns c0 … c0+CN of (x·R[h]) rounded to bf16, for BR tokens n of KV head h, stored at dst [BR] + col."""
+def _rotated_cols(x_ptr, r_ptr, n, rmask, h, c0, sxn, sxh, srh, dst, D: tl.constexpr, CN: tl.constexpr,
+                  ROTATE: tl.constexpr, BF16: tl.constexpr):
+    """Columns c0 … c0+CN of x·R[h] (bf16-rounded when BF16, else fp32) for BR tokens n of KV head h,
+    stored at dst [BR] + col."""
     cols = c0 + tl.arange(0, CN)
     rows = x_ptr + n.to(tl.int64)[:, None] * sxn + h * sxh
     if ROTATE:
@@ -93,7 +94,28 @@ def _bf16_cols(x_ptr, r_ptr, n, rmask, h, c0, sxn, sxh, srh, dst, D: tl.constexp
         y = tl.dot(x, r, input_precision="ieee")  # [BR, D]·[D, CN]: ascending-k FMA chains, as sliced
     else:
         y = tl.load(rows + cols[None, :], mask=rmask[:, None], other=0.0).to(tl.float32)
-    tl.store(dst[:, None] + cols[None, :], _round_bf16(y), mask=rmask[:, None])
+    if BF16:
+        tl.store(dst[:, None] + cols[None, :], _round_bf16(y), mask=rmask[:, None])
+    else:
+        tl.store(dst[:, None] + cols[None, :], y, mask=rmask[:, None])
+
+
+@triton.jit
+def _rotate_rows_kernel(xa_ptr, xb_ptr, ra_ptr, rb_ptr, out_ptr, n_tokens, sxan, sxah, sxbn, sxbh, srah, srbh,
+                        H: tl.constexpr, D: tl.constexpr, BR: tl.constexpr, CN: tl.constexpr):
+    # first pass of a two-pass int2_write_kv: out [sides, N, H, D] fp32 = x·R of each rotated side,
+    # split over D/CN column programs as _bf16_write_kernel is (grid axis 2 = side × column slice)
+    h = tl.program_id(1)
+    n = tl.program_id(0) * BR + tl.arange(0, BR)
+    rmask = n < n_tokens
+    NC: tl.constexpr = D // CN
+    side = tl.program_id(2) // NC
+    c0 = (tl.program_id(2) % NC) * CN
+    dst = out_ptr + ((side * n_tokens).to(tl.int64) + n) * (H * D) + h * D
+    if side == 0:
+        _rotated_cols(xa_ptr, ra_ptr, n, rmask, h, c0, sxan, sxah, srah, dst, D, CN, True, False)
+    else:
+        _rotated_cols(xb_ptr, rb_ptr, n, rmask, h, c0, sxbn, sxbh, srbh, dst, D, CN, True, False)
 
 
 @triton.jit
@@ -114,9 +136,9 @@ def _bf16_write_kernel(xk_ptr, xv_ptr, rk_ptr, rv_ptr, page_ptr, off_ptr, ok_ptr
     off = tl.load(off_ptr + n, mask=rmask, other=0)
     slot = page * sop + off * soo + h * soh
     if which == 0:
-        _bf16_cols(xk_ptr, rk_ptr, n, rmask, h, c0, sxkn, sxkh, srkh, ok_ptr + slot, D, CN, ROTATE_K)
+        _rotated_cols(xk_ptr, rk_ptr, n, rmask, h, c0, sxkn, sxkh, srkh, ok_ptr + slot, D, CN, ROTATE_K, True)
     else:
-        _bf16_cols(xv_ptr, rv_ptr, n, rmask, h, c0, sxvn, sxvh, srvh, ov_ptr + slot, D, CN, ROTATE_V)
+        _rotated_cols(xv_ptr, rv_ptr, n, rmask, h, c0, sxvn, sxvh, srvh, ov_ptr + slot, D, CN, ROTATE_V, True)
 
 
 def _check_int2_pages(codes: torch.Tensor, scales: torch.Tensor, h: int, d: int, group_size: int | None,
@@ -168,10 +190,14 @@ def int2_write_kv(k: torch.Tensor, v: torch.Tensor | None, k_rotation: torch.Ten
                   v_rotation: torch.Tensor | None, k_clip: float, v_clip: float, page_ids: torch.Tensor,
                   offsets: torch.Tensor, k_codes: torch.Tensor, k_scales: torch.Tensor, v_codes: torch.Tensor | None,
                   v_scales: torch.Tensor | None, group_size: int | None = None, block_rows: int = 16,
-                  num_warps: int = 4, key_bits: int = 2) -> None:
+                  num_warps: int = 4, key_bits: int = 2, two_pass: bool | None = None) -> None:
     """int2_write of K (key_bits 2 or 3) and V (2 bits) rows into the same slots, one launch.
 
     v, v_codes, v_scales None writes K only.  V's scales must have K's dtype and layout.
+    two_pass: rotate in a first launch split over column programs (fp32 scratch [sides, N, H_kv, d])
+    and clip/quantise/pack in a second; None picks it for N <= TWO_PASS_MAX_ROWS when a rotation is
+    given (a decode step's few rows, where the one-launch form waits on d/16 serial rotation slices).
+    Same codes either way.
     Example: int2_write_kv(k, v, R_K, None, 0.96, 0.0, pages, offs, kc, ks, vc, vs)   # V absorbed
     """
     n, h, d = _check_rows_and_slots(k, page_ids, offsets)
@@ -192,6 +218,11 @@ def int2_write_kv(k: torch.Tensor, v: torch.Tensor | None, k_rotation: torch.Ten
     check_pow2("block_rows", block_rows, minimum=16)
     if n == 0:
         return
+    if two_pass is None:
+        two_pass = n <= TWO_PASS_MAX_ROWS
+    if two_pass and (rk is not None or rv is not None):
+        k, v = _rotate_first(k, v, rk, rv, block_rows, num_warps)
+        rk = rv = None
     vx, vc, vs = (k, k_codes, k_scales) if v is None else (v, v_codes, v_scales)
     grid = (triton.cdiv(n, block_rows), h, 1 if v is None else 2)
     _int2_write_kernel[grid](
@@ -202,6 +233,29 @@ def int2_write_kv(k: torch.Tensor, v: torch.Tensor | None, k_rotation: torch.Ten
         D=d, GS=gs, BR=block_rows, KC=_rotation_chunk(d), ROTATE_K=rk is not None, CLIP_K=clip_k, CLIP_IDX_K=idx_k,
         BITS_K=key_bits, ROTATE_V=rv is not None, CLIP_V=clip_v, CLIP_IDX_V=idx_v,
         SCALE_FP16=k_scales.dtype == torch.float16, num_warps=num_warps)
+
+
+# Rows up to which int2_write_kv rotates in a launch of its own (two_pass None).  A decode step's
+# rows: bs 1-32 × 1 token measured on the H200 (decode_h200.md, writes); prefill chunks of thousands
+# of rows keep the one-launch form, which does not write and re-read an fp32 copy of every row.
+TWO_PASS_MAX_ROWS = 64
+
+
+def _rotate_first(k, v, rk, rv, block_rows: int, num_warps: int):
+    """(k·R_K, v·R_V) as fp32 [N, H_kv, d] views of one scratch tensor; a side without a rotation
+    (or v None) is returned as it was."""
+    sides = [(x, r) for x, r in ((k, rk), (v, rv)) if r is not None]
+    n, h, d = k.shape
+    out = torch.empty(len(sides), n, h, d, dtype=torch.float32, device=k.device)
+    (xa, ra), (xb, rb) = sides[0], sides[-1]
+    cn = _rotation_cols(d)
+    grid = (triton.cdiv(n, block_rows), h, len(sides) * (d // cn))
+    _rotate_rows_kernel[grid](xa, xb, ra, rb, out, n, xa.stride(0), xa.stride(1), xb.stride(0), xb.stride(1),
+                              0 if ra.ndim == 2 else d * d, 0 if rb.ndim == 2 else d * d,
+                              H=h, D=d, BR=block_rows, CN=cn, num_warps=num_warps)
+    k_out = out[0] if rk is not None else k
+    v_out = out[-1] if rv is not None else v
+    return k_out, v_out
 
 
 def _rotation_cols(d: int) -> int:

@@ -146,22 +146,43 @@ def test_decode_fast_layout_gqa_cuda(seed, g, d, block_n, nreg):
     assert_close_verbose(out, decode_attention_reference(q, kv, seg), 3e-3, 1e-2, what=f"g={g} d={d} {block_n}")
 
 
-def test_kv_writes_one_launch_bit_exact_cuda(seed):
+@pytest.mark.parametrize("two_pass, v_rotated", [(False, False), (True, False), (True, True)])
+def test_kv_writes_one_launch_bit_exact_cuda(seed, two_pass, v_rotated):
     # int2_write_kv / bf16_write_kv (the engines' per-step writes) equal the reference for both sides
     n = 40
     k, v = _dyadic(n, HKV, D), _dyadic(n, HKV, D)
     rk = torch.randint(-4, 5, (HKV, D, D), device=CUDA).float() / 4
+    rv = torch.randint(-4, 5, (D, D), device=CUDA).float() / 4 if v_rotated else None
     pid, off, flat = _slots(n, 9)
     kc, vc = (torch.zeros(9, PAGE, HKV, D // 4, dtype=torch.uint8, device=CUDA) for _ in "kv")
     ks, vs = (torch.zeros(9, PAGE, HKV, 2, dtype=torch.float16, device=CUDA) for _ in "kv")
-    int2_write_kv(k, v, rk, None, 0.96, 0.0, pid, off, kc, ks, vc, vs)
-    for codes, scales, x, r, clip in ((kc, ks, k, rk, 0.96), (vc, vs, v, None, 0.0)):
+    int2_write_kv(k, v, rk, rv, 0.96, 0.0, pid, off, kc, ks, vc, vs, two_pass=two_pass)
+    for codes, scales, x, r, clip in ((kc, ks, k, rk, 0.96), (vc, vs, v, rv, 0.0)):
         ref_c, ref_s = int2_write_reference(x, r, clip, None, torch.float16)
         assert torch.equal(codes.flatten(0, 1)[flat], ref_c) and torch.equal(scales.flatten(0, 1)[flat], ref_s)
     kp, vp = (torch.zeros(9, PAGE, HKV, D, dtype=torch.bfloat16, device=CUDA) for _ in "kv")
-    bf16_write_kv(k, v, rk, None, pid, off, kp, vp)
+    bf16_write_kv(k, v, rk, rv, pid, off, kp, vp)
     assert torch.equal(kp.flatten(0, 1)[flat], bf16_write_reference(k, rk))
-    assert torch.equal(vp.flatten(0, 1)[flat], bf16_write_reference(v, None))
+    assert torch.equal(vp.flatten(0, 1)[flat], bf16_write_reference(v, rv))
+
+
+def test_two_pass_write_equals_one_launch_cuda(seed):
+    # real data and a real orthogonal rotation (not exact in fp32): the column-split rotation pass
+    # sums each output in the same ascending-k FMA order as the one-launch kernel's 16-row slices,
+    # so the two forms must store the same bytes
+    n = 48
+    k, v = torch.randn(n, HKV, D, device=CUDA) * 2, torch.randn(n, HKV, D, device=CUDA)
+    rk = torch.linalg.qr(torch.randn(HKV, D, D, device=CUDA, dtype=torch.float64))[0].float()
+    rv = torch.linalg.qr(torch.randn(D, D, device=CUDA, dtype=torch.float64))[0].float()
+    pid, off, _ = _slots(n, 9)
+    outs = []
+    for two_pass in (False, True):
+        kc, vc = (torch.zeros(9, PAGE, HKV, D // 4, dtype=torch.uint8, device=CUDA) for _ in "kv")
+        ks, vs = (torch.zeros(9, PAGE, HKV, 2, dtype=torch.float16, device=CUDA) for _ in "kv")
+        int2_write_kv(k, v, rk, rv, 0.96, 0.0, pid, off, kc, ks, vc, vs, two_pass=two_pass)
+        outs.append((kc, ks, vc, vs))
+    for a, b in zip(*outs):
+        assert torch.equal(a, b), f"{int((a != b).sum())} of {a.numel()} differ"
 
 
 def test_decode_split_invariance_cuda(seed):

@@ -183,15 +183,17 @@ def test_three_bit_write_bit_exact(seed, d, scale_dtype, halves):
 
 
 @pytest.mark.parametrize("key_bits, v_rot", [(2, "none"), (3, "per_head"), (2, "dense")])
-def test_kv_writes_in_one_launch_bit_exact(seed, key_bits, v_rot):
+@pytest.mark.parametrize("n, two_pass", [(19, False), (19, True), (70, None)])  # 70: default one-launch form
+def test_kv_writes_in_one_launch_bit_exact(seed, key_bits, v_rot, n, two_pass):
     # the K and V rows of a step, each side with its own rotation, clip and bit width, in one launch
-    h, n, d, n_pages = 2, 19, 64, 6
+    # (or two: rotation first, when two_pass)
+    h, d, n_pages = 2, 64, 12
     k, v = _special_rows(_dyadic(n, h, d)), _dyadic(n, h, d)
     rk, rv = _rotation("per_head", h, d), _rotation(v_rot, h, d)
     pid, off, flat = _slots(n, n_pages)
     kc, ks = _pages(n_pages, h, d, 1, torch.float16, bits=key_bits)
     vc, vs = _pages(n_pages, h, d, 1, torch.float16)
-    int2_write_kv(k, v, rk, rv, 0.9, 0.0, pid, off, kc, ks, vc, vs, key_bits=key_bits)
+    int2_write_kv(k, v, rk, rv, 0.9, 0.0, pid, off, kc, ks, vc, vs, key_bits=key_bits, two_pass=two_pass)
     _check_written(kc, ks, flat, *int2_write_reference(k, rk, 0.9, None, torch.float16, bits=key_bits))
     _check_written(vc, vs, flat, *int2_write_reference(v, rv, 0.0, None, torch.float16))
     kp, vp = (torch.full((n_pages, PAGE, h, d), 3.0, dtype=torch.bfloat16) for _ in "kv")
