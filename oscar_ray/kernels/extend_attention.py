@@ -89,8 +89,8 @@ def _extend_kernel(q_ptr, kn_ptr, vn_ptr, kc_ptr, ks_ptr, vc_ptr, vs_ptr, kb_ptr
 def int2_extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, kv: PagedKV,
                           prefix: Segments, qo_indptr: torch.Tensor | None = None, *, max_chunk: int | None = None,
                           k_rotation: torch.Tensor | None = None, v_rotation: torch.Tensor | None = None,
-                          sm_scale: float | None = None, block_m: int = 64, block_n: int = 32, num_warps: int = 4,
-                          num_stages: int = 2, precision: str = "bf16") -> torch.Tensor:
+                          sm_scale: float | None = None, block_m: int | None = None, block_n: int = 32,
+                          num_warps: int = 4, num_stages: int = 3, precision: str = "bf16") -> torch.Tensor:
     """Chunk queries q [ΣC, Hq, d] over each request's cached prefix and, causally, its own chunk.
 
     k_new / v_new [ΣC, H_kv, d] are the chunk's K/V at full precision; request b owns rows
@@ -100,6 +100,10 @@ def int2_extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Ten
     max_chunk (the largest C) sizes the grid; without it the launcher reads qo_indptr (a host sync).
     precision "bf16" (default, like the original's flash-attn prefill), "fp16", "tf32" or "ieee"
     (see int2_decode_attention).  Under CUDA graphs pass qo_indptr and max_chunk (no host work).
+    block_m None: 128 query rows per program, 64 when max_chunk <= 64.  H200, one 2048 chunk over an
+    8K / 32K context (benchmarks/results/extend_sweep_h200.md): 128:32:4:3 (block_m:block_n:warps:
+    stages) ran 1388 / 6114 µs vs 1730 / 8258 for the earlier 64:32:4:2, since each unpacked INT2
+    tile then serves twice the queries; 256 rows or 16-token tiles are 1.5-3× slower.
     Example: o = int2_extend_attention(q, k, v, kv, prefix)        # one request, C = q.shape[0]
     """
     geo = kv.geometry()
@@ -117,6 +121,10 @@ def int2_extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Ten
         qo_indptr = torch.tensor([0, c_total], dtype=torch.int32, device=q.device)
         max_chunk = c_total
     check_tensor("qo_indptr", qo_indptr, (torch.int32,), shape=(nb + 1,), device=kv.device)
+    if max_chunk is None:
+        max_chunk = int((qo_indptr[1:] - qo_indptr[:-1]).max()) if nb else 0
+    if block_m is None:
+        block_m = 64 if max_chunk <= 64 else 128
     for name, value in (("block_m", block_m), ("block_n", block_n)):
         check_pow2(name, value, minimum=16)
     precision = check_precision(precision)
@@ -129,8 +137,6 @@ def int2_extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Ten
     if k_new.stride() != v_new.stride():
         v_new = v_new.contiguous()
         k_new = k_new.contiguous()
-    if max_chunk is None:
-        max_chunk = int((qo_indptr[1:] - qo_indptr[:-1]).max()) if nb else 0
     out = torch.zeros(c_total, hq, d, dtype=torch.float32, device=q.device)
     if nb == 0 or max_chunk == 0:
         return out

@@ -58,10 +58,11 @@ def test_extend_three_bit_keys(seed, group_size, precision):
 
 def test_extend_block_invariance(seed):
     kv, seg = random_mixed_cache([20], [9], 1, 64, seed=seed)
-    q, k, v, _ = _chunk([40], 4, 1, 64)
+    q, k, v, _ = _chunk([90], 4, 1, 64)  # 90 rows: the default block_m (128 above 64 rows) masks 38
     outs = [int2_extend_attention(q, k, v, kv, seg, block_m=bm, block_n=bn, precision="ieee")
-            for bm, bn in ((16, 16), (64, 32))]
-    assert_close_verbose(outs[1], outs[0], 1e-6, 1e-5, what="blocks")
+            for bm, bn in ((16, 16), (64, 32), (None, 32))]
+    for out, what in zip(outs[1:], ("64:32", "default")):
+        assert_close_verbose(out, outs[0], 1e-6, 1e-5, what=f"blocks {what}")
 
 
 @pytest.mark.parametrize("precision", ["tf32", "fp16"])
