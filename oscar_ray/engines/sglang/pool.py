@@ -147,8 +147,9 @@ class OscarMHATokenToKVPool(MHATokenToKVPool):
         r_k, r_v, k_clip, v_clip = self.rotations.layer(layer_id)
         r_v_write = None if self.oscar.settings.absorb_v else r_v  # absorbed: v already is v·R_V
         gs = self.geometry.group_size
-        # two launches per layer and step (K and V together in each): the four single-tensor
-        # launches cost ~44 µs at bs 1 on the H200 (decode_h200.md, writes)
+        # K and V together in each call: INT2 (for a decode step's <= 64 rows two launches, rotation
+        # then quantise: 8.3 µs at bs 1 on the H200) and the BF16 copy (2.4 µs); four single-tensor
+        # calls cost ~44 µs (decode_h200.md, writes)
         int2_write_kv(k, v, r_k, r_v_write, k_clip, v_clip, plan.int2_page, plan.int2_off, self.k_codes[local],
                       self.k_scales[local], self.v_codes[local], self.v_scales[local], gs,
                       key_bits=self.geometry.key_bits)
