@@ -176,17 +176,17 @@ def bench_writes(batch: int, args, device: str) -> list[str]:
     # call per graph replay would time the graph launch (~8-10 µs on the H200), not the kernels
     two16 = lambda n: [lambda: (bf16_write(x, r, slots, zero, pages), bf16_write(x, r, slots, zero, vpages))] * n
     one16 = lambda n: [lambda: bf16_write_kv(x, x, r, r, slots, zero, pages, vpages)] * n
-    w = args.write_warps
-    two2 = lambda n: [lambda: (int2_write(x, r, 0.96, slots, zero, codes, scales, num_warps=w),
-                               int2_write(x, r, 0.0, slots, zero, vcodes, vscales, num_warps=w))] * n
+    kw = {} if args.write_warps is None else {"num_warps": args.write_warps}
+    two2 = lambda n: [lambda: (int2_write(x, r, 0.96, slots, zero, codes, scales, **kw),
+                               int2_write(x, r, 0.0, slots, zero, vcodes, vscales, **kw))] * n
     one2 = lambda n: [lambda: int2_write_kv(x, x, r, r, 0.96, 0.0, slots, zero, codes, scales, vcodes, vscales,
-                                            num_warps=w)] * n
+                                            **kw)] * n
     one2_single = lambda n: [lambda: int2_write_kv(x, x, r, r, 0.96, 0.0, slots, zero, codes, scales, vcodes,
-                                                  vscales, two_pass=False, num_warps=w)] * n
-    dem = lambda n: [lambda: (demote_pages(pages, slots, slots, codes, scales, 0.96, num_warps=w),
-                              demote_pages(vpages, slots, slots, vcodes, vscales, 0.0, num_warps=w))] * n
+                                                  vscales, two_pass=False, **kw)] * n
+    dem = lambda n: [lambda: (demote_pages(pages, slots, slots, codes, scales, 0.96, **kw),
+                              demote_pages(vpages, slots, slots, vcodes, vscales, 0.0, **kw))] * n
     demkv = lambda n: [lambda: demote_pages_kv(pages, vpages, slots, slots, codes, scales, vcodes, vscales,
-                                               0.96, 0.0, num_warps=w)] * n
+                                               0.96, 0.0, **kw)] * n
     t16, t16kv, t2, t2kv, t2f, td, tdkv = (time_calls(f, 0, args)
                                            for f in (two16, one16, two2, one2, one2_single, dem, demkv))
     return [str(batch), _fmt(t16), _fmt(t16kv), _fmt(t2), _fmt(t2kv), _fmt(t2f), _fmt(td), _fmt(tdkv),
@@ -266,7 +266,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--num-splits", type=int, default=None, help="INT2 splits (default: default_num_splits)")
     p.add_argument("--block-n", type=int, default=None, help="INT2 tile (default: default_block_n)")
     p.add_argument("--num-warps", type=int, default=4)
-    p.add_argument("--write-warps", type=int, default=4, help="num_warps of the write / demote kernels")
+    p.add_argument("--write-warps", type=int, default=None,
+                   help="num_warps of the INT2 write / demote kernels (default: the launchers')")
     p.add_argument("--num-stages", type=int, default=3)
     p.add_argument("--max-registers", type=int, default=None,
                    help="ptxas maxnreg for the INT2 stage-1 kernel (0: ptxas; default: the launcher's)")
@@ -299,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
         f" python {sys.version.split()[0]}",
         f"- geometry: {HQ} q heads, {HKV} KV heads, d {D}, page {PAGE}; BF16 sink {SINK} + recent {RECENT} tokens,"
         f" INT2 rest ({args.key_bits}-bit keys); scales {str(args.scale_dtype).split('.')[-1]}; decode precision {args.precision},"
-        f" block_n {args.block_n or 'default_block_n'}, warps {args.num_warps} (writes {args.write_warps}),"
+        f" block_n {args.block_n or 'default_block_n'}, warps {args.num_warps} (writes {args.write_warps or 'launcher default'}),"
         f" stages {args.num_stages},"
         f" maxnreg {'launcher default' if args.max_registers is None else args.max_registers or 'ptxas'}",
         f"- {how}; µs per call = median (p20–p80); GB/s on bytes read (INT2 codes + scales + BF16 tokens"

@@ -173,7 +173,7 @@ def _clip_args(clip_ratio: float, d: int, name: str = "clip_ratio") -> tuple[boo
 
 def int2_write(x: torch.Tensor, rotation: torch.Tensor | None, clip_ratio: float, page_ids: torch.Tensor,
                offsets: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, group_size: int | None = None,
-               block_rows: int = 16, num_warps: int = 4, bits: int = 2) -> None:
+               block_rows: int = 16, num_warps: int | None = None, bits: int = 2) -> None:
     """Store pack(Q₂(clip(x·R, clip_ratio))) of x [N, H_kv, d] into INT2 slot (page_ids[i], offsets[i]).
 
     rotation: fp32 [d, d] or [H_kv, d, d], or None when x is already rotated (or V is absorbed).
@@ -190,14 +190,15 @@ def int2_write_kv(k: torch.Tensor, v: torch.Tensor | None, k_rotation: torch.Ten
                   v_rotation: torch.Tensor | None, k_clip: float, v_clip: float, page_ids: torch.Tensor,
                   offsets: torch.Tensor, k_codes: torch.Tensor, k_scales: torch.Tensor, v_codes: torch.Tensor | None,
                   v_scales: torch.Tensor | None, group_size: int | None = None, block_rows: int = 16,
-                  num_warps: int = 4, key_bits: int = 2, two_pass: bool | None = None) -> None:
+                  num_warps: int | None = None, key_bits: int = 2, two_pass: bool | None = None) -> None:
     """int2_write of K (key_bits 2 or 3) and V (2 bits) rows into the same slots, one launch.
 
     v, v_codes, v_scales None writes K only.  V's scales must have K's dtype and layout.
     two_pass: rotate in a first launch split over column programs (fp32 scratch [sides, N, H_kv, d])
     and clip/quantise/pack in a second; None picks it for N <= TWO_PASS_MAX_ROWS when a rotation is
     given (a decode step's few rows, where the one-launch form waits on d/16 serial rotation slices).
-    Same codes either way.
+    Same codes either way.  num_warps None: 8 for the two-pass form, 4 for one launch (H200, bs 1:
+    two-pass 8.3 µs at 4 warps, 6.9 at 8, 6.6 at 16; one launch 11.2 at 4, 13.2 at 8).
     Example: int2_write_kv(k, v, R_K, None, 0.96, 0.0, pages, offs, kc, ks, vc, vs)   # V absorbed
     """
     n, h, d = _check_rows_and_slots(k, page_ids, offsets)
@@ -220,7 +221,10 @@ def int2_write_kv(k: torch.Tensor, v: torch.Tensor | None, k_rotation: torch.Ten
         return
     if two_pass is None:
         two_pass = n <= TWO_PASS_MAX_ROWS
-    if two_pass and (rk is not None or rv is not None):
+    two_pass = two_pass and (rk is not None or rv is not None)
+    if num_warps is None:
+        num_warps = 8 if two_pass else 4
+    if two_pass:
         k, v = _rotate_first(k, v, rk, rv, block_rows, num_warps)
         rk = rv = None
     vx, vc, vs = (k, k_codes, k_scales) if v is None else (v, v_codes, v_scales)
