@@ -148,7 +148,7 @@ class OscarMHATokenToKVPool(MHATokenToKVPool):
         r_v_write = None if self.oscar.settings.absorb_v else r_v  # absorbed: v already is v·R_V
         gs = self.geometry.group_size
         # K and V together in each call: INT2 (for a decode step's <= 64 rows two launches, rotation
-        # then quantise: 8.3 µs at bs 1 on the H200) and the BF16 copy (2.4 µs); four single-tensor
+        # then quantise: 6.9 µs at bs 1 on the H200) and the BF16 copy (2.4 µs); four single-tensor
         # calls cost ~44 µs (decode_h200.md, writes)
         int2_write_kv(k, v, r_k, r_v_write, k_clip, v_clip, plan.int2_page, plan.int2_off, self.k_codes[local],
                       self.k_scales[local], self.v_codes[local], self.v_scales[local], gs,
