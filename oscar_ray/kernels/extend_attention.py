@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from ._attn_tiles import _int2_step, _load_q4, _page_bases, _rows_step, _store4
+from .extend_dequant import OUT_DTYPES, gather_extend_kv
 from ._validate import FLOAT_ROWS, check_pow2, check_precision, check_rotation, check_tensor, nonempty_table
 from .decode_attention import LOG2E
 from .layout import PagedKV, Segments
@@ -90,7 +91,8 @@ def int2_extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Ten
                           prefix: Segments, qo_indptr: torch.Tensor | None = None, *, max_chunk: int | None = None,
                           k_rotation: torch.Tensor | None = None, v_rotation: torch.Tensor | None = None,
                           sm_scale: float | None = None, block_m: int | None = None, block_n: int = 32,
-                          num_warps: int = 4, num_stages: int = 3, precision: str = "bf16") -> torch.Tensor:
+                          num_warps: int = 4, num_stages: int = 3, precision: str = "bf16",
+                          method: str = "auto") -> torch.Tensor:
     """Chunk queries q [ΣC, Hq, d] over each request's cached prefix and, causally, its own chunk.
 
     k_new / v_new [ΣC, H_kv, d] are the chunk's K/V at full precision; request b owns rows
@@ -104,6 +106,10 @@ def int2_extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Ten
     8K / 32K context (benchmarks/results/extend_sweep_h200.md): 128:32:4:3 (block_m:block_n:warps:
     stages) ran 1388 / 6114 µs vs 1730 / 8258 for the earlier 64:32:4:2, since each unpacked INT2
     tile then serves twice the queries; 256 rows or 16-token tiles are 1.5-3× slower.
+    method "fused" runs that kernel; "dequant" gathers each request's [prefix ‖ chunk] K/V in the
+    precision's dtype (one Triton launch, extend_dequant.py) and runs torch SDPA per request (one
+    host sync for the lengths); "auto" takes "dequant" on CUDA outside graph capture while the gathered
+    K/V stay under DEQUANT_MAX_BYTES, else "fused".
     Example: o = int2_extend_attention(q, k, v, kv, prefix)        # one request, C = q.shape[0]
     """
     geo = kv.geometry()
@@ -128,6 +134,8 @@ def int2_extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Ten
     for name, value in (("block_m", block_m), ("block_n", block_n)):
         check_pow2(name, value, minimum=16)
     precision = check_precision(precision)
+    if method not in ("auto", "fused", "dequant"):
+        raise ValueError(f"method must be 'auto', 'fused' or 'dequant', got {method!r}")
     check_rotation("k_rotation", k_rotation, d, hkv, kv.device)
     check_rotation("v_rotation", v_rotation, d, hkv, kv.device)
     if k_rotation is not None:
@@ -140,6 +148,21 @@ def int2_extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Ten
     out = torch.zeros(c_total, hq, d, dtype=torch.float32, device=q.device)
     if nb == 0 or max_chunk == 0:
         return out
+    if method == "auto":
+        method = "dequant" if q.is_cuda and not torch.cuda.is_current_stream_capturing() else "fused"
+        auto = True
+    else:
+        auto = False
+    if method == "dequant":
+        host = torch.cat([prefix.int2_lens, prefix.bf16_lens, qo_indptr]).tolist()  # the one host sync
+        bounds = host[2 * nb:]
+        lengths = [(host[b], host[nb + b], bounds[b + 1] - bounds[b]) for b in range(nb)]
+        dtype = OUT_DTYPES[precision]
+        nbytes = 2 * sum(map(sum, lengths)) * hkv * d * dtype.itemsize
+        if not auto or nbytes <= DEQUANT_MAX_BYTES:
+            scale = d**-0.5 if sm_scale is None else sm_scale
+            _extend_by_sdpa(q, k_new, v_new, kv, prefix, qo_indptr, lengths, bounds, dtype, scale, out)
+            return out if v_rotation is None else rotate_heads(out, v_rotation, transpose=True)
     t2, t16 = nonempty_table(prefix.int2_page_table), nonempty_table(prefix.bf16_page_table)
     qk_scale = (d**-0.5 if sm_scale is None else sm_scale) * LOG2E
     grid = (triton.cdiv(max_chunk, block_m), hq, nb)
@@ -153,3 +176,34 @@ def int2_extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Ten
         BLOCK_M=block_m, BLOCK_N=block_n, PRECISION=precision, KEY_BITS=geo.key_bits, num_warps=num_warps,
         num_stages=num_stages)
     return out if v_rotation is None else rotate_heads(out, v_rotation, transpose=True)
+
+
+# Cap on the gathered K/V of method "auto" (2 GiB: a 128K-token prefix at 8 KV heads × d 128 in bf16
+# is 512 MiB); above it the fused kernel runs, which needs no buffer.
+DEQUANT_MAX_BYTES = 2 << 30
+
+
+def _extend_by_sdpa(q, k_new, v_new, kv, prefix, qo_indptr, lengths, bounds, dtype, scale, out) -> None:
+    """method "dequant": out[rows of b] = SDPA(q_b, [prefix ‖ chunk]_b) with the chunk causal."""
+    from torch.nn.attention.bias import causal_lower_right
+
+    ok, ov, offsets = gather_extend_kv(kv, prefix, k_new, v_new, qo_indptr, lengths, dtype)
+    for b, (n2, n16, c) in enumerate(lengths):
+        if c == 0:
+            continue
+        total, lo = n2 + n16 + c, bounds[b]
+        qb = q[lo : lo + c].to(dtype).transpose(0, 1).unsqueeze(0)  # [1, Hq, C, d]
+        kb, vb = (x[offsets[b] : offsets[b] + total].transpose(0, 1).unsqueeze(0) for x in (ok, ov))
+        out[lo : lo + c] = _sdpa(qb, kb, vb, causal_lower_right(c, total), scale)[0].transpose(0, 1)
+
+
+def _sdpa(q, k, v, mask, scale):
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+    if q.shape[1] == k.shape[1]:
+        return sdpa(q, k, v, attn_mask=mask, scale=scale)
+    try:
+        return sdpa(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+    except RuntimeError:  # a backend without GQA for lower-right masks: expand the KV heads
+        g = q.shape[1] // k.shape[1]
+        return sdpa(q, k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1), attn_mask=mask, scale=scale)

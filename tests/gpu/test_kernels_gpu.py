@@ -213,8 +213,9 @@ def test_decode_cuda_graph_replay(seed):
     assert_close_verbose(static, int2_decode_attention(q, kv, seg, num_splits=8), 1e-6, 1e-6, what="graph")
 
 
+@pytest.mark.parametrize("method", ["fused", "dequant"])  # "auto" (the default) is "dequant" here
 @pytest.mark.parametrize("precision, atol, rtol", EXTEND_TOL)
-def test_extend_matches_reference_cuda(seed, precision, atol, rtol):
+def test_extend_matches_reference_cuda(seed, precision, atol, rtol, method):
     kv, seg = random_mixed_cache([2000, 0, 77], [64, 0, 8], HKV, D, device=CUDA, seed=seed)
     chunks = [300, 129, 1]
     n = sum(chunks)
@@ -222,8 +223,9 @@ def test_extend_matches_reference_cuda(seed, precision, atol, rtol):
     q = torch.randn(n, HQ, D, device=CUDA, dtype=torch.bfloat16)
     k = torch.randn(n, HKV, D, device=CUDA, dtype=torch.bfloat16)
     v = torch.randn(n, HKV, D, device=CUDA, dtype=torch.bfloat16)
-    out = int2_extend_attention(q, k, v, kv, seg, indptr, max_chunk=max(chunks), precision=precision)
-    assert_close_verbose(out, extend_attention_reference(q, k, v, kv, seg, indptr), atol, rtol, what=precision)
+    out = int2_extend_attention(q, k, v, kv, seg, indptr, max_chunk=max(chunks), precision=precision, method=method)
+    assert_close_verbose(out, extend_attention_reference(q, k, v, kv, seg, indptr), atol, rtol,
+                         what=f"{method} {precision}")
 
 
 @pytest.mark.parametrize("bf16_lens", [[320, 200, 7, 1], [64, 263, 320, 129]])

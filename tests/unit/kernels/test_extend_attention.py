@@ -83,3 +83,51 @@ def test_extend_argument_errors():
         int2_extend_attention(q, k[:, :1], v, kv, seg, indptr)
     with pytest.raises(ValueError, match="qo_indptr"):
         int2_extend_attention(q, k, v, kv, seg, indptr.long())
+
+
+@pytest.mark.parametrize("key_bits, group_size", [(2, None), (3, 32), (2, 32)])
+@pytest.mark.parametrize("precision", ["ieee", "bf16"])
+def test_extend_dequant_method_matches_reference(seed, key_bits, group_size, precision):
+    # method "dequant" (gather + SDPA, the CUDA default) on the same batch shapes as the fused test:
+    # a prefix of both tiers, an empty chunk, no prefix, C = 1; GQA 3; rotations applied
+    hkv, d = 2, 64
+    kv, seg = random_mixed_cache([37, 5, 0, 70], [10, 0, 0, 3], hkv, d, group_size=group_size, key_bits=key_bits,
+                                 seed=seed)
+    q, k, v, indptr = _chunk([21, 0, 19, 1], 3 * hkv, hkv, d)
+    rk, rv = (torch.linalg.qr(torch.randn(hkv, d, d, dtype=torch.float64))[0].float() for _ in "kv")
+    out = int2_extend_attention(q, k, v, kv, seg, indptr, k_rotation=rk, v_rotation=rv, precision=precision,
+                                method="dequant")
+    ref = extend_attention_reference(rotate_heads(q, rk), rotate_heads(k, rk), rotate_heads(v, rv), kv, seg, indptr)
+    atol, rtol = (2e-6, 1e-5) if precision == "ieee" else (3e-2, 2e-2)
+    assert_close_verbose(out, rotate_heads(ref.float(), rv, transpose=True), atol, rtol,
+                         what=f"dequant {precision} bits {key_bits}")
+    fused = int2_extend_attention(q, k, v, kv, seg, indptr, k_rotation=rk, v_rotation=rv, block_m=16, block_n=16,
+                                  precision=precision, method="fused")
+    assert_close_verbose(out, fused, 2 * atol, 2 * rtol, what="dequant vs fused")
+
+
+def test_extend_gather_rows_bit_exact(seed):
+    # the gathered K/V rows equal the reference dequantisation (fp32) and the bf16 tiers / chunk as stored
+    from oscar_ray.kernels.extend_dequant import gather_extend_kv
+    from oscar_ray.kernels.reference import request_kv
+
+    kv, seg = random_mixed_cache([19, 0, 9], [5, 7, 0], 2, 64, key_bits=3, seed=seed)
+    _, k, v, indptr = _chunk([4, 2, 0], 2, 2, 64)
+    lengths = [(19, 5, 4), (0, 7, 2), (9, 0, 0)]
+    ok, ov, offsets = gather_extend_kv(kv, seg, k, v, indptr, lengths, torch.float32)
+    assert offsets == [0, 28, 37, 46] and ok.shape == (46, 2, 64)
+    for b, (n2, n16, c) in enumerate(lengths):
+        rk, rv = request_kv(kv, seg, b)
+        lo = int(indptr[b])
+        want_k, want_v = torch.cat([rk, k[lo : lo + c]]), torch.cat([rv, v[lo : lo + c]])
+        assert torch.equal(ok[offsets[b] : offsets[b + 1]], want_k), f"request {b} K"
+        assert torch.equal(ov[offsets[b] : offsets[b + 1]], want_v), f"request {b} V"
+    ob, _, _ = gather_extend_kv(kv, seg, k, v, indptr, lengths, torch.bfloat16)
+    assert torch.equal(ob, ok.to(torch.bfloat16))  # rounded to nearest even, as torch rounds
+
+
+def test_extend_method_error():
+    kv, seg = random_mixed_cache([8], [8], 2, 64)
+    q, k, v, _ = _chunk([3], 4, 2, 64)
+    with pytest.raises(ValueError, match="method"):
+        int2_extend_attention(q, k, v, kv, seg, method="flash")
