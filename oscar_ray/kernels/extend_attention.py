@@ -92,7 +92,7 @@ def int2_extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Ten
                           k_rotation: torch.Tensor | None = None, v_rotation: torch.Tensor | None = None,
                           sm_scale: float | None = None, block_m: int | None = None, block_n: int = 32,
                           num_warps: int = 4, num_stages: int = 3, precision: str = "bf16",
-                          method: str = "auto") -> torch.Tensor:
+                          method: str = "auto", host_lengths: list[tuple[int, int, int]] | None = None) -> torch.Tensor:
     """Chunk queries q [ΣC, Hq, d] over each request's cached prefix and, causally, its own chunk.
 
     k_new / v_new [ΣC, H_kv, d] are the chunk's K/V at full precision; request b owns rows
@@ -109,7 +109,9 @@ def int2_extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Ten
     method "fused" runs that kernel; "dequant" gathers each request's [prefix ‖ chunk] K/V in the
     precision's dtype (one Triton launch, extend_dequant.py) and runs torch SDPA per request (one
     host sync for the lengths); "auto" takes "dequant" on CUDA outside graph capture while the gathered
-    K/V stay under DEQUANT_MAX_BYTES, else "fused".
+    K/V stay under DEQUANT_MAX_BYTES, else "fused".  host_lengths: (INT2 tokens, BF16 tokens, chunk
+    rows) of each request as the caller's scheduler holds them, equal to prefix's lens and qo_indptr;
+    "dequant" then needs no host sync.
     Example: o = int2_extend_attention(q, k, v, kv, prefix)        # one request, C = q.shape[0]
     """
     geo = kv.geometry()
@@ -154,9 +156,17 @@ def int2_extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Ten
     else:
         auto = False
     if method == "dequant":
-        host = torch.cat([prefix.int2_lens, prefix.bf16_lens, qo_indptr]).tolist()  # the one host sync
-        bounds = host[2 * nb:]
-        lengths = [(host[b], host[nb + b], bounds[b + 1] - bounds[b]) for b in range(nb)]
+        if host_lengths is None:
+            host = torch.cat([prefix.int2_lens, prefix.bf16_lens, qo_indptr]).tolist()  # the one host sync
+            bounds = host[2 * nb:]
+            lengths = [(host[b], host[nb + b], bounds[b + 1] - bounds[b]) for b in range(nb)]
+        else:
+            if len(host_lengths) != nb:
+                raise ValueError(f"host_lengths has {len(host_lengths)} entries for a batch of {nb} requests")
+            lengths = [tuple(int(x) for x in t) for t in host_lengths]
+            bounds = [0]
+            for _, _, c in lengths:
+                bounds.append(bounds[-1] + c)
         dtype = OUT_DTYPES[precision]
         nbytes = 2 * sum(map(sum, lengths)) * hkv * d * dtype.itemsize
         if not auto or nbytes <= DEQUANT_MAX_BYTES:

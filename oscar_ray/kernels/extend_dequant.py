@@ -102,7 +102,9 @@ def gather_extend_kv(kv: PagedKV, prefix: Segments, k_new: torch.Tensor, v_new: 
     longest = max((sum(x) for x in lengths), default=0)
     if longest == 0:
         return ok, ov, offsets
-    kvo = torch.tensor(offsets[:-1], dtype=torch.int64, device=kv.device)
+    # row offsets on the device (an exclusive cumsum): a host list copied up would wait for the stream
+    per_request = (prefix.int2_lens + prefix.bf16_lens + qo_indptr[1:] - qo_indptr[:-1]).to(torch.int64)
+    kvo = torch.cumsum(per_request, 0) - per_request
     t2, t16 = nonempty_table(prefix.int2_page_table), nonempty_table(prefix.bf16_page_table)
     out = 0 if dtype == torch.bfloat16 else 1 if dtype == torch.float16 else 2
     grid = (triton.cdiv(longest, block_tokens), h, len(lengths))

@@ -143,6 +143,8 @@ class StepBatch:
         starts = [lo for lo, _ in self.bounds] + [self.n_rows]
         self.qo_indptr = torch.tensor(starts, dtype=torch.int32).to(dev, non_blocking=True)
         self.max_chunk = max(it.n_new for it in self.items)
+        # the extend launcher's gather path reads these instead of syncing on the device copies
+        self.host_lengths = [(a, b, hi - lo) for a, b, (lo, hi) in zip(l2, l16, self.bounds)]
         # decode steps whose new tokens all land in BF16 slots (always, unless a row is a cached
         # token recomputed for its logits): the ring write fuses into the decode launch, which
         # stores row b at request b's last BF16-tier slot, the slot the allocator gave that token
@@ -171,7 +173,7 @@ class StepBatch:
             from oscar_ray.kernels import int2_extend_attention
 
             return int2_extend_attention(q, k, v, self.store.paged(layer), self.segments, self.qo_indptr,
-                                         max_chunk=self.max_chunk)
+                                         max_chunk=self.max_chunk, host_lengths=self.host_lengths)
         out = torch.empty_like(q)
         if self.decode is not None:
             i2, i16, mask = self.decode

@@ -131,3 +131,15 @@ def test_extend_method_error():
     q, k, v, _ = _chunk([3], 4, 2, 64)
     with pytest.raises(ValueError, match="method"):
         int2_extend_attention(q, k, v, kv, seg, method="flash")
+
+
+def test_extend_dequant_host_lengths(seed):
+    # lengths handed over from the caller's scheduler give the same result as the ones read back
+    kv, seg = random_mixed_cache([37, 0, 12], [10, 4, 0], 2, 64, seed=seed)
+    q, k, v, indptr = _chunk([5, 3, 0], 4, 2, 64)
+    read = int2_extend_attention(q, k, v, kv, seg, indptr, precision="ieee", method="dequant")
+    given = int2_extend_attention(q, k, v, kv, seg, indptr, precision="ieee", method="dequant",
+                                  host_lengths=[(37, 10, 5), (0, 4, 3), (12, 0, 0)])
+    assert torch.equal(read, given)
+    with pytest.raises(ValueError, match="host_lengths"):
+        int2_extend_attention(q, k, v, kv, seg, indptr, method="dequant", host_lengths=[(37, 10, 5)])
