@@ -144,8 +144,10 @@ def _check(world, reqs, spans, out, seg, bf16_sets, decode):
 
 
 @pytest.mark.slow
-def test_chunked_prefill_decode_ring_wrap_and_prefix_hit(seed):
+@pytest.mark.parametrize("extend_method", ["auto", "dequant"])  # auto is the fused kernel on CPU
+def test_chunked_prefill_decode_ring_wrap_and_prefix_hit(seed, extend_method):
     w = World()
+    w.backend.extend_method = extend_method  # dequant: the CUDA default, fed the metadata's host lengths
     a, b = 1, 2
     # A: two prefill chunks (40 + 55), windows at 95: sink page 0 + pages 3..5 ...
     spans, out, seg = w.forward(ForwardMode.EXTEND, [a], [40])

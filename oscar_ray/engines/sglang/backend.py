@@ -38,6 +38,9 @@ class OscarForwardMetadata:
     segments: Segments  # decode: the whole cache incl. the new token; extend: the cached prefix
     qo_indptr: torch.Tensor | None  # extend: int32 [B + 1] chunk row offsets
     max_chunk: int
+    # extend: (INT2, BF16, chunk) tokens per request on the host, read once per forward so the
+    # extend launcher's gather path does not sync in every layer
+    host_lengths: list[tuple[int, int, int]] | None = None
 
 
 def _host_max(values, fallback: torch.Tensor) -> int:
@@ -48,6 +51,9 @@ def _host_max(values, fallback: torch.Tensor) -> int:
 
 class OscarAttnBackend(AttentionBackend):
     """`--attention-backend oscar`: INT2 history + BF16 sink/recent attention."""
+
+    # int2_extend_attention's method: "auto" gathers + SDPA on CUDA, the fused kernel elsewhere
+    extend_method = "auto"
 
     def __init__(self, model_runner):
         super().__init__()
@@ -96,7 +102,10 @@ class OscarAttnBackend(AttentionBackend):
                              pool.slot_owner, pool.ring_tag, max_pages)
         qo = torch.zeros(ext.shape[0] + 1, dtype=torch.int32, device=ext.device)
         qo[1:] = torch.cumsum(ext, 0)
-        self.forward_metadata = OscarForwardMetadata(plan, seg, qo, _host_max(fb.extend_seq_lens_cpu, ext))
+        host = torch.cat([seg.int2_lens, seg.bf16_lens, ext.to(torch.int32)]).tolist()
+        nb = ext.shape[0]
+        lengths = [(host[i], host[nb + i], host[2 * nb + i]) for i in range(nb)]
+        self.forward_metadata = OscarForwardMetadata(plan, seg, qo, _host_max(fb.extend_seq_lens_cpu, ext), lengths)
 
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int):
         raise NotImplementedError("the OSCAR backend has no CUDA-graph path yet: launch with --cuda-graph-backend-decode disabled --cuda-graph-backend-prefill disabled")
@@ -156,7 +165,8 @@ class OscarAttnBackend(AttentionBackend):
         o = int2_extend_attention(q.reshape(-1, hq, d), k.reshape(-1, hkv, d), v.reshape(-1, hkv, d),
                                   self.pool.paged_kv(layer.layer_id), meta.segments, meta.qo_indptr,
                                   max_chunk=meta.max_chunk, k_rotation=r_k, v_rotation=r_v,
-                                  sm_scale=layer.scaling)
+                                  sm_scale=layer.scaling, method=self.extend_method,
+                                  host_lengths=meta.host_lengths)
         return add_value_mean(o, mu_v).to(q.dtype).reshape(-1, hq * d)
 
 
