@@ -101,16 +101,20 @@ def _rotated_cols(x_ptr, r_ptr, n, rmask, h, c0, sxn, sxh, srh, dst, D: tl.const
 
 
 @triton.jit
+def _column_program(n_tokens, D: tl.constexpr, BR: tl.constexpr, CN: tl.constexpr):
+    """(KV head, token rows [BR], row mask, side, first column) of a program whose grid axis 2 is
+    side × D/CN column slices."""
+    n = tl.program_id(0) * BR + tl.arange(0, BR)
+    NC: tl.constexpr = D // CN
+    return tl.program_id(1), n, n < n_tokens, tl.program_id(2) // NC, (tl.program_id(2) % NC) * CN
+
+
+@triton.jit
 def _rotate_rows_kernel(xa_ptr, xb_ptr, ra_ptr, rb_ptr, out_ptr, n_tokens, sxan, sxah, sxbn, sxbh, srah, srbh,
                         H: tl.constexpr, D: tl.constexpr, BR: tl.constexpr, CN: tl.constexpr):
     # first pass of a two-pass int2_write_kv: out [sides, N, H, D] fp32 = x·R of each rotated side,
     # split over D/CN column programs as _bf16_write_kernel is (grid axis 2 = side × column slice)
-    h = tl.program_id(1)
-    n = tl.program_id(0) * BR + tl.arange(0, BR)
-    rmask = n < n_tokens
-    NC: tl.constexpr = D // CN
-    side = tl.program_id(2) // NC
-    c0 = (tl.program_id(2) % NC) * CN
+    h, n, rmask, side, c0 = _column_program(n_tokens, D, BR, CN)
     dst = out_ptr + ((side * n_tokens).to(tl.int64) + n) * (H * D) + h * D
     if side == 0:
         _rotated_cols(xa_ptr, ra_ptr, n, rmask, h, c0, sxan, sxah, srah, dst, D, CN, True, False)
@@ -126,12 +130,7 @@ def _bf16_write_kernel(xk_ptr, xv_ptr, rk_ptr, rv_ptr, page_ptr, off_ptr, ok_ptr
     # grid axis 2 = (tensor, column slice): K and V (when given) in one launch, and the rotation split
     # over D/CN programs per row block, so a decode step's few rows do not run 8 dependent
     # load → dot rounds in one program (H200, bs 1: ~9 µs per call that way, mostly latency)
-    h = tl.program_id(1)
-    n = tl.program_id(0) * BR + tl.arange(0, BR)
-    rmask = n < n_tokens
-    NC: tl.constexpr = D // CN
-    which = tl.program_id(2) // NC
-    c0 = (tl.program_id(2) % NC) * CN
+    h, n, rmask, which, c0 = _column_program(n_tokens, D, BR, CN)
     page = tl.load(page_ptr + n, mask=rmask, other=0).to(tl.int64)
     off = tl.load(off_ptr + n, mask=rmask, other=0)
     slot = page * sop + off * soo + h * soh
