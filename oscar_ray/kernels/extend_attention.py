@@ -8,7 +8,10 @@ A program per (block of BLOCK_M chunk queries, query head, request) runs one onl
 This matches the original's flash_attn_varlen over [dequantised prefix ‖ chunk]: tokens inside a
 chunk see each other unquantised.  Requests are batched varlen (qo_indptr), so one launch serves a
 whole extend batch; programs past a request's chunk exit at once.  Each query head re-reads its KV
-head's tiles (g-fold, mostly from L2); grouping the g heads per program is a possible speed-up.
+head's tiles (g-fold, mostly from L2).
+On CUDA outside graph capture the launcher's default is the other route (method "dequant",
+extend_dequant.py): gather the dequantised prefix and the chunk, then torch SDPA; on the H200 it runs
+at 0.87-0.96× BF16 SDPA vs this kernel's 0.51-0.54× (decode_h200.md).
 """
 
 from __future__ import annotations
