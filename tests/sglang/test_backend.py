@@ -138,7 +138,10 @@ def _check(world, reqs, spans, out, seg, bf16_sets, decode):
                 alt_keys, alt_vals = torch.cat([alt_keys, keys[n_cached:]]), torch.cat([alt_vals, vals[n_cached:]])
             alt = reference_attention(qr, alt_keys, alt_vals, causal=not decode)
             err = (got - ref).abs().max().item()
-            assert err < 2e-2, f"request slot {req}, layer {layer_id}: max error {err}"
+            # bf16 dot operands, which the Triton interpreter truncates instead of rounding (the kernel
+            # unit tests allow 3e-2 for bf16 too); 2e-2 failed ~1 seed in 5 on the first prefill
+            # (OSCAR_TEST_SEED=242950331: 0.0248), before and after the 2026-12-04 kernel changes
+            assert err < 3e-2, f"request slot {req}, layer {layer_id}: max error {err}"
             if not mask.all():
                 assert err < 0.25 * (alt - ref).abs().max().item()
 
