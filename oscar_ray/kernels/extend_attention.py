@@ -21,9 +21,9 @@ import triton
 import triton.language as tl
 
 from ._attn_tiles import _int2_step, _load_q4, _page_bases, _rows_step, _store4
-from .extend_dequant import OUT_DTYPES, gather_extend_kv
 from ._validate import FLOAT_ROWS, check_pow2, check_precision, check_rotation, check_tensor, nonempty_table
 from .decode_attention import LOG2E
+from .extend_dequant import OUT_DTYPES, gather_extend_kv
 from .layout import PagedKV, Segments
 from .reference import rotate_heads
 
@@ -153,11 +153,9 @@ def int2_extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Ten
     out = torch.zeros(c_total, hq, d, dtype=torch.float32, device=q.device)
     if nb == 0 or max_chunk == 0:
         return out
-    if method == "auto":
+    auto = method == "auto"
+    if auto:
         method = "dequant" if q.is_cuda and not torch.cuda.is_current_stream_capturing() else "fused"
-        auto = True
-    else:
-        auto = False
     if method == "dequant":
         if host_lengths is None:
             host = torch.cat([prefix.int2_lens, prefix.bf16_lens, qo_indptr]).tolist()  # the one host sync
