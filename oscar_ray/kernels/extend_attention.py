@@ -111,8 +111,8 @@ def int2_extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Ten
     tile then serves twice the queries; 256 rows or 16-token tiles are 1.5-3× slower.
     method "fused" runs that kernel; "dequant" gathers each request's [prefix ‖ chunk] K/V in the
     precision's dtype (one Triton launch, extend_dequant.py) and runs torch SDPA per request (one
-    host sync for the lengths); "auto" takes "dequant" on CUDA outside graph capture while the gathered
-    K/V stay under DEQUANT_MAX_BYTES, else "fused".  host_lengths: (INT2 tokens, BF16 tokens, chunk
+    host sync for the lengths); "auto" takes "dequant" on CUDA outside graph capture for batches of
+    long chunks (dequant_pays), else "fused".  host_lengths: (INT2 tokens, BF16 tokens, chunk
     rows) of each request as the caller's scheduler holds them, equal to prefix's lens and qo_indptr;
     "dequant" then needs no host sync.
     Example: o = int2_extend_attention(q, k, v, kv, prefix)        # one request, C = q.shape[0]
@@ -154,23 +154,13 @@ def int2_extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Ten
     if nb == 0 or max_chunk == 0:
         return out
     auto = method == "auto"
-    if auto:
-        method = "dequant" if q.is_cuda and not torch.cuda.is_current_stream_capturing() else "fused"
-    if method == "dequant":
-        if host_lengths is None:
-            host = torch.cat([prefix.int2_lens, prefix.bf16_lens, qo_indptr]).tolist()  # the one host sync
-            bounds = host[2 * nb:]
-            lengths = [(host[b], host[nb + b], bounds[b + 1] - bounds[b]) for b in range(nb)]
-        else:
-            if len(host_lengths) != nb:
-                raise ValueError(f"host_lengths has {len(host_lengths)} entries for a batch of {nb} requests")
-            lengths = [tuple(int(x) for x in t) for t in host_lengths]
-            bounds = [0]
-            for _, _, c in lengths:
-                bounds.append(bounds[-1] + c)
+    if auto and not (q.is_cuda and not torch.cuda.is_current_stream_capturing()
+                     and max_chunk >= DEQUANT_MIN_CHUNK and nb <= DEQUANT_MAX_REQUESTS):
+        method = "fused"
+    if method != "fused":  # "dequant", or "auto" on CUDA with long chunks
+        lengths, bounds = _lengths(prefix, qo_indptr, nb, host_lengths)
         dtype = OUT_DTYPES[precision]
-        nbytes = 2 * sum(map(sum, lengths)) * hkv * d * dtype.itemsize
-        if not auto or nbytes <= DEQUANT_MAX_BYTES:
+        if not auto or dequant_pays(lengths, hkv * d * dtype.itemsize):
             scale = d**-0.5 if sm_scale is None else sm_scale
             _extend_by_sdpa(q, k_new, v_new, kv, prefix, qo_indptr, lengths, bounds, dtype, scale, out)
             return out if v_rotation is None else rotate_heads(out, v_rotation, transpose=True)
@@ -189,9 +179,39 @@ def int2_extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Ten
     return out if v_rotation is None else rotate_heads(out, v_rotation, transpose=True)
 
 
-# Cap on the gathered K/V of method "auto" (2 GiB: a 128K-token prefix at 8 KV heads × d 128 in bf16
-# is 512 MiB); above it the fused kernel runs, which needs no buffer.
+# Method "auto"'s rule (dequant_pays).  Cap on the gathered K/V (2 GiB: a 128K-token prefix at 8 KV
+# heads × d 128 in bf16 is 512 MiB); above it the fused kernel runs, which needs no buffer.  Decode
+# rows and short chunks in a batch would each gather their whole context for a few queries and cost
+# an SDPA call of host time apiece, where the fused kernel serves the batch in one launch: those
+# batches stay fused (the 1.6-1.9× gain was measured on single 2048-row chunks; batches not measured).
 DEQUANT_MAX_BYTES = 2 << 30
+DEQUANT_MIN_CHUNK = 64
+DEQUANT_MAX_REQUESTS = 16
+
+
+def dequant_pays(lengths: list[tuple[int, int, int]], row_bytes: int) -> bool:
+    """Whether "auto" gathers + SDPAs a batch of (INT2, BF16, chunk) lengths: every non-empty chunk
+    has >= DEQUANT_MIN_CHUNK rows, at most DEQUANT_MAX_REQUESTS of them, and K + V of row_bytes a
+    token row fit DEQUANT_MAX_BYTES."""
+    chunks = [c for _, _, c in lengths if c]
+    return (bool(chunks) and min(chunks) >= DEQUANT_MIN_CHUNK and len(chunks) <= DEQUANT_MAX_REQUESTS
+            and 2 * sum(map(sum, lengths)) * row_bytes <= DEQUANT_MAX_BYTES)
+
+
+def _lengths(prefix: Segments, qo_indptr: torch.Tensor, nb: int, host_lengths) -> tuple[list, list[int]]:
+    """((INT2, BF16, chunk) per request, chunk row bounds [nb + 1]) from host_lengths or, without
+    them, read back from the device (one sync)."""
+    if host_lengths is None:
+        host = torch.cat([prefix.int2_lens, prefix.bf16_lens, qo_indptr]).tolist()
+        bounds = host[2 * nb:]
+        return [(host[b], host[nb + b], bounds[b + 1] - bounds[b]) for b in range(nb)], bounds
+    if len(host_lengths) != nb:
+        raise ValueError(f"host_lengths has {len(host_lengths)} entries for a batch of {nb} requests")
+    lengths = [tuple(int(x) for x in t) for t in host_lengths]
+    bounds = [0]
+    for _, _, c in lengths:
+        bounds.append(bounds[-1] + c)
+    return lengths, bounds
 
 
 def _extend_by_sdpa(q, k_new, v_new, kv, prefix, qo_indptr, lengths, bounds, dtype, scale, out) -> None:

@@ -143,3 +143,17 @@ def test_extend_dequant_host_lengths(seed):
     assert torch.equal(read, given)
     with pytest.raises(ValueError, match="host_lengths"):
         int2_extend_attention(q, k, v, kv, seg, indptr, method="dequant", host_lengths=[(37, 10, 5)])
+
+
+def test_auto_rule_keeps_decode_rows_and_short_chunks_fused():
+    from oscar_ray.kernels.extend_attention import DEQUANT_MAX_BYTES, DEQUANT_MIN_CHUNK, dequant_pays
+
+    row = 8 * 128 * 2  # 8 KV heads × d 128, bf16
+    assert dequant_pays([(6080, 64, 2048)], row)  # the measured shape: one long chunk
+    assert dequant_pays([(0, 0, DEQUANT_MIN_CHUNK), (100, 64, 0)], row)  # empty chunks do not count
+    assert not dequant_pays([(6080, 64, 2048), (8000, 320, 1)], row)  # a decode row in the batch
+    assert not dequant_pays([(0, 0, DEQUANT_MIN_CHUNK - 1)], row)
+    assert not dequant_pays([(0, 0, 0)], row)
+    assert not dequant_pays([(0, 0, 128)] * 17, row)  # one SDPA call per request
+    too_long = DEQUANT_MAX_BYTES // (2 * row) + 1
+    assert not dequant_pays([(too_long - 2048, 0, 2048)], row)
