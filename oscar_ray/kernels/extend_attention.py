@@ -16,6 +16,8 @@ at 0.87-0.96× BF16 SDPA vs this kernel's 0.51-0.54× (decode_h200.md).
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 import triton
 import triton.language as tl
@@ -23,7 +25,8 @@ import triton.language as tl
 from ._attn_tiles import _int2_step, _load_q4, _page_bases, _rows_step, _store4
 from ._validate import FLOAT_ROWS, check_pow2, check_precision, check_rotation, check_tensor, nonempty_table
 from .decode_attention import LOG2E
-from .extend_dequant import OUT_DTYPES, gather_extend_kv
+from .extend_dequant import OUT_DTYPES
+from .extend_routes import DEQUANT_MIN_CHUNK, host_lengths_of, run_routes
 from .layout import PagedKV, Segments
 from .reference import rotate_heads
 
@@ -110,11 +113,12 @@ def int2_extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Ten
     stages) ran 1388 / 6114 µs vs 1730 / 8258 for the earlier 64:32:4:2, since each unpacked INT2
     tile then serves twice the queries; 256 rows or 16-token tiles are 1.5-3× slower.
     method "fused" runs that kernel; "dequant" gathers each request's [prefix ‖ chunk] K/V in the
-    precision's dtype (one Triton launch, extend_dequant.py) and runs torch SDPA per request (one
-    host sync for the lengths); "auto" takes "dequant" on CUDA outside graph capture for batches of
-    long chunks (dequant_pays), else "fused".  host_lengths: (INT2 tokens, BF16 tokens, chunk
-    rows) of each request as the caller's scheduler holds them, equal to prefix's lens and qo_indptr;
-    "dequant" then needs no host sync.
+    precision's dtype (one Triton launch, extend_dequant.py) and runs torch SDPA per request;
+    "mixed" sends requests with chunks of >= 64 rows that way and the rest (decode rows, short
+    chunks) through the kernel, as sub-batches; "auto" is "mixed" on CUDA outside graph capture,
+    within extend_routes.py's caps, else "fused".  The routes other than "fused" need the lengths on
+    the host: host_lengths, (INT2 tokens, BF16 tokens, chunk rows) of each request as the caller's
+    scheduler holds them (equal to prefix's lens and qo_indptr), or one sync reading them back.
     Example: o = int2_extend_attention(q, k, v, kv, prefix)        # one request, C = q.shape[0]
     """
     geo = kv.geometry()
@@ -134,13 +138,12 @@ def int2_extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Ten
     check_tensor("qo_indptr", qo_indptr, (torch.int32,), shape=(nb + 1,), device=kv.device)
     if max_chunk is None:
         max_chunk = int((qo_indptr[1:] - qo_indptr[:-1]).max()) if nb else 0
-    if block_m is None:
-        block_m = 64 if max_chunk <= 64 else 128
     for name, value in (("block_m", block_m), ("block_n", block_n)):
-        check_pow2(name, value, minimum=16)
+        if value is not None:
+            check_pow2(name, value, minimum=16)
     precision = check_precision(precision)
-    if method not in ("auto", "fused", "dequant"):
-        raise ValueError(f"method must be 'auto', 'fused' or 'dequant', got {method!r}")
+    if method not in ("auto", "fused", "dequant", "mixed"):
+        raise ValueError(f"method must be 'auto', 'fused', 'dequant' or 'mixed', got {method!r}")
     check_rotation("k_rotation", k_rotation, d, hkv, kv.device)
     check_rotation("v_rotation", v_rotation, d, hkv, kv.device)
     if k_rotation is not None:
@@ -153,17 +156,26 @@ def int2_extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Ten
     out = torch.zeros(c_total, hq, d, dtype=torch.float32, device=q.device)
     if nb == 0 or max_chunk == 0:
         return out
-    auto = method == "auto"
-    if auto and not (q.is_cuda and not torch.cuda.is_current_stream_capturing()
-                     and max_chunk >= DEQUANT_MIN_CHUNK and nb <= DEQUANT_MAX_REQUESTS):
-        method = "fused"
-    if method != "fused":  # "dequant", or "auto" on CUDA with long chunks
-        lengths, bounds = _lengths(prefix, qo_indptr, nb, host_lengths)
-        dtype = OUT_DTYPES[precision]
-        if not auto or dequant_pays(lengths, hkv * d * dtype.itemsize):
-            scale = d**-0.5 if sm_scale is None else sm_scale
-            _extend_by_sdpa(q, k_new, v_new, kv, prefix, qo_indptr, lengths, bounds, dtype, scale, out)
-            return out if v_rotation is None else rotate_heads(out, v_rotation, transpose=True)
+    fused = partial(_launch_fused, kv=kv, geo=geo, block_m=block_m, block_n=block_n, num_warps=num_warps,
+                    num_stages=num_stages, precision=precision, sm_scale=sm_scale)
+    if method == "auto":
+        on_gpu = q.is_cuda and not torch.cuda.is_current_stream_capturing()
+        method = "auto" if on_gpu and max_chunk >= DEQUANT_MIN_CHUNK else "fused"
+    if method == "fused":
+        fused(q, k_new, v_new, prefix, qo_indptr, max_chunk, out)
+    else:
+        lengths = host_lengths_of(prefix, qo_indptr, nb, host_lengths)
+        scale = d**-0.5 if sm_scale is None else sm_scale
+        run_routes(method, q, k_new, v_new, kv, prefix, qo_indptr, lengths, OUT_DTYPES[precision], scale, out, fused)
+    return out if v_rotation is None else rotate_heads(out, v_rotation, transpose=True)
+
+
+def _launch_fused(q, k_new, v_new, prefix, qo_indptr, max_chunk, out, *, kv, geo, block_m, block_n, num_warps,
+                  num_stages, precision, sm_scale) -> None:
+    """The one-kernel extend of a (sub-)batch, rows in the rotated basis, into out."""
+    hq, d, hkv, nb = q.shape[1], q.shape[2], geo.n_kv_heads, prefix.batch
+    if block_m is None:  # per (sub-)batch: a mixed batch's short part gets 64-row blocks
+        block_m = 64 if max_chunk <= 64 else 128
     t2, t16 = nonempty_table(prefix.int2_page_table), nonempty_table(prefix.bf16_page_table)
     qk_scale = (d**-0.5 if sm_scale is None else sm_scale) * LOG2E
     grid = (triton.cdiv(max_chunk, block_m), hq, nb)
@@ -176,65 +188,3 @@ def int2_extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Ten
         GQA=hq // hkv, PAGE2=geo.int2_page_size, PAGE16=geo.bf16_page_size, D=d, GS=geo.group_size,
         BLOCK_M=block_m, BLOCK_N=block_n, PRECISION=precision, KEY_BITS=geo.key_bits, num_warps=num_warps,
         num_stages=num_stages)
-    return out if v_rotation is None else rotate_heads(out, v_rotation, transpose=True)
-
-
-# Method "auto"'s rule (dequant_pays).  Cap on the gathered K/V (2 GiB: a 128K-token prefix at 8 KV
-# heads × d 128 in bf16 is 512 MiB); above it the fused kernel runs, which needs no buffer.  Decode
-# rows and short chunks in a batch would each gather their whole context for a few queries and cost
-# an SDPA call of host time apiece, where the fused kernel serves the batch in one launch: those
-# batches stay fused (the 1.6-1.9× gain was measured on single 2048-row chunks; batches not measured).
-DEQUANT_MAX_BYTES = 2 << 30
-DEQUANT_MIN_CHUNK = 64
-DEQUANT_MAX_REQUESTS = 16
-
-
-def dequant_pays(lengths: list[tuple[int, int, int]], row_bytes: int) -> bool:
-    """Whether "auto" gathers + SDPAs a batch of (INT2, BF16, chunk) lengths: every non-empty chunk
-    has >= DEQUANT_MIN_CHUNK rows, at most DEQUANT_MAX_REQUESTS of them, and K + V of row_bytes a
-    token row fit DEQUANT_MAX_BYTES."""
-    chunks = [c for _, _, c in lengths if c]
-    return (bool(chunks) and min(chunks) >= DEQUANT_MIN_CHUNK and len(chunks) <= DEQUANT_MAX_REQUESTS
-            and 2 * sum(map(sum, lengths)) * row_bytes <= DEQUANT_MAX_BYTES)
-
-
-def _lengths(prefix: Segments, qo_indptr: torch.Tensor, nb: int, host_lengths) -> tuple[list, list[int]]:
-    """((INT2, BF16, chunk) per request, chunk row bounds [nb + 1]) from host_lengths or, without
-    them, read back from the device (one sync)."""
-    if host_lengths is None:
-        host = torch.cat([prefix.int2_lens, prefix.bf16_lens, qo_indptr]).tolist()
-        bounds = host[2 * nb:]
-        return [(host[b], host[nb + b], bounds[b + 1] - bounds[b]) for b in range(nb)], bounds
-    if len(host_lengths) != nb:
-        raise ValueError(f"host_lengths has {len(host_lengths)} entries for a batch of {nb} requests")
-    lengths = [tuple(int(x) for x in t) for t in host_lengths]
-    bounds = [0]
-    for _, _, c in lengths:
-        bounds.append(bounds[-1] + c)
-    return lengths, bounds
-
-
-def _extend_by_sdpa(q, k_new, v_new, kv, prefix, qo_indptr, lengths, bounds, dtype, scale, out) -> None:
-    """method "dequant": out[rows of b] = SDPA(q_b, [prefix ‖ chunk]_b) with the chunk causal."""
-    from torch.nn.attention.bias import causal_lower_right
-
-    ok, ov, offsets = gather_extend_kv(kv, prefix, k_new, v_new, qo_indptr, lengths, dtype)
-    for b, (n2, n16, c) in enumerate(lengths):
-        if c == 0:
-            continue
-        total, lo = n2 + n16 + c, bounds[b]
-        qb = q[lo : lo + c].to(dtype).transpose(0, 1).unsqueeze(0)  # [1, Hq, C, d]
-        kb, vb = (x[offsets[b] : offsets[b] + total].transpose(0, 1).unsqueeze(0) for x in (ok, ov))
-        out[lo : lo + c] = _sdpa(qb, kb, vb, causal_lower_right(c, total), scale)[0].transpose(0, 1)
-
-
-def _sdpa(q, k, v, mask, scale):
-    from torch.nn.functional import scaled_dot_product_attention as sdpa
-
-    if q.shape[1] == k.shape[1]:
-        return sdpa(q, k, v, attn_mask=mask, scale=scale)
-    try:
-        return sdpa(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
-    except RuntimeError:  # a backend without GQA for lower-right masks: expand the KV heads
-        g = q.shape[1] // k.shape[1]
-        return sdpa(q, k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1), attn_mask=mask, scale=scale)

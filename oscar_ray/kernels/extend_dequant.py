@@ -116,3 +116,29 @@ def gather_extend_kv(kv: PagedKV, prefix: Segments, k_new: torch.Tensor, v_new: 
         PAGE2=geo.int2_page_size, PAGE16=geo.bf16_page_size, D=d, GS=geo.group_size, BT=block_tokens,
         KEY_BITS=geo.key_bits, OUT=out)
     return ok, ov, offsets
+
+
+def extend_by_sdpa(q, k_new, v_new, kv, prefix, qo_indptr, lengths, bounds, dtype, scale, out) -> None:
+    """out[rows of b] = SDPA(q_b, [prefix ‖ chunk]_b) with the chunk causal."""
+    from torch.nn.attention.bias import causal_lower_right
+
+    ok, ov, offsets = gather_extend_kv(kv, prefix, k_new, v_new, qo_indptr, lengths, dtype)
+    for b, (n2, n16, c) in enumerate(lengths):
+        if c == 0:
+            continue
+        total, lo = n2 + n16 + c, bounds[b]
+        qb = q[lo : lo + c].to(dtype).transpose(0, 1).unsqueeze(0)  # [1, Hq, C, d]
+        kb, vb = (x[offsets[b] : offsets[b] + total].transpose(0, 1).unsqueeze(0) for x in (ok, ov))
+        out[lo : lo + c] = _sdpa(qb, kb, vb, causal_lower_right(c, total), scale)[0].transpose(0, 1)
+
+
+def _sdpa(q, k, v, mask, scale):
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+    if q.shape[1] == k.shape[1]:
+        return sdpa(q, k, v, attn_mask=mask, scale=scale)
+    try:
+        return sdpa(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+    except RuntimeError:  # a backend without GQA for lower-right masks: expand the KV heads
+        g = q.shape[1] // k.shape[1]
+        return sdpa(q, k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1), attn_mask=mask, scale=scale)

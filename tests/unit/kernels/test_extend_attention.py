@@ -145,15 +145,32 @@ def test_extend_dequant_host_lengths(seed):
         int2_extend_attention(q, k, v, kv, seg, indptr, method="dequant", host_lengths=[(37, 10, 5)])
 
 
-def test_auto_rule_keeps_decode_rows_and_short_chunks_fused():
-    from oscar_ray.kernels.extend_attention import DEQUANT_MAX_BYTES, DEQUANT_MIN_CHUNK, dequant_pays
+def test_route_split_rules():
+    from oscar_ray.kernels.extend_routes import (DEQUANT_MAX_BYTES, DEQUANT_MAX_REQUESTS, DEQUANT_MIN_CHUNK,
+                                                 split_requests)
 
     row = 8 * 128 * 2  # 8 KV heads × d 128, bf16
-    assert dequant_pays([(6080, 64, 2048)], row)  # the measured shape: one long chunk
-    assert dequant_pays([(0, 0, DEQUANT_MIN_CHUNK), (100, 64, 0)], row)  # empty chunks do not count
-    assert not dequant_pays([(6080, 64, 2048), (8000, 320, 1)], row)  # a decode row in the batch
-    assert not dequant_pays([(0, 0, DEQUANT_MIN_CHUNK - 1)], row)
-    assert not dequant_pays([(0, 0, 0)], row)
-    assert not dequant_pays([(0, 0, 128)] * 17, row)  # one SDPA call per request
+    batch = [(6080, 64, 2048), (8000, 320, 1), (0, 0, 0), (10, 5, DEQUANT_MIN_CHUNK - 1), (0, 0, DEQUANT_MIN_CHUNK)]
+    assert split_requests(batch, row, "mixed") == ([0, 4], [1, 3])  # empty chunk 2 in neither
+    assert split_requests(batch, row, "auto") == ([0, 4], [1, 3])
+    assert split_requests(batch, row, "dequant") == ([0, 1, 3, 4], [])
+    many = [(0, 0, 128)] * (DEQUANT_MAX_REQUESTS + 1)
+    assert split_requests(many, row, "auto") == ([], list(range(len(many))))  # an SDPA call each: fused
+    assert split_requests(many, row, "mixed")[0] == list(range(len(many)))
     too_long = DEQUANT_MAX_BYTES // (2 * row) + 1
-    assert not dequant_pays([(too_long - 2048, 0, 2048)], row)
+    assert split_requests([(too_long - 2048, 0, 2048)], row, "auto") == ([], [0])
+
+
+@pytest.mark.parametrize("precision", ["ieee", "bf16"])
+def test_extend_mixed_batch_matches_reference(seed, precision):
+    # method "mixed" (the CUDA default): long chunks by gather + SDPA, decode rows and short chunks
+    # by the fused kernel, as sub-batches whose rows are scattered back
+    hkv, d = 2, 64
+    kv, seg = random_mixed_cache([37, 50, 0, 9, 20], [10, 3, 0, 4, 0], hkv, d, seed=seed)
+    q, k, v, indptr = _chunk([70, 1, 0, 5, 64], 4 * hkv, hkv, d)
+    rk = torch.linalg.qr(torch.randn(hkv, d, d, dtype=torch.float64))[0].float()
+    out = int2_extend_attention(q, k, v, kv, seg, indptr, k_rotation=rk, precision=precision, method="mixed",
+                                host_lengths=[(37, 10, 70), (50, 3, 1), (0, 0, 0), (9, 4, 5), (20, 0, 64)])
+    ref = extend_attention_reference(rotate_heads(q, rk), rotate_heads(k, rk), v, kv, seg, indptr)
+    atol, rtol = (2e-6, 1e-5) if precision == "ieee" else (3e-2, 2e-2)
+    assert_close_verbose(out, ref.float(), atol, rtol, what=f"mixed {precision}")
