@@ -213,7 +213,7 @@ def test_decode_cuda_graph_replay(seed):
     assert_close_verbose(static, int2_decode_attention(q, kv, seg, num_splits=8), 1e-6, 1e-6, what="graph")
 
 
-@pytest.mark.parametrize("method", ["fused", "dequant"])  # "auto" (the default) is "dequant" here
+@pytest.mark.parametrize("method", ["fused", "dequant", "mixed"])  # "auto" (the default) is "mixed" here
 @pytest.mark.parametrize("precision, atol, rtol", EXTEND_TOL)
 def test_extend_matches_reference_cuda(seed, precision, atol, rtol, method):
     kv, seg = random_mixed_cache([2000, 0, 77], [64, 0, 8], HKV, D, device=CUDA, seed=seed)
