@@ -9,9 +9,10 @@ This matches the original's flash_attn_varlen over [dequantised prefix ‖ chunk
 chunk see each other unquantised.  Requests are batched varlen (qo_indptr), so one launch serves a
 whole extend batch; programs past a request's chunk exit at once.  Each query head re-reads its KV
 head's tiles (g-fold, mostly from L2).
-On CUDA outside graph capture the launcher's default is the other route (method "dequant",
-extend_dequant.py): gather the dequantised prefix and the chunk, then torch SDPA; on the H200 it runs
-at 0.87-0.96× BF16 SDPA vs this kernel's 0.51-0.54× (decode_h200.md).
+On CUDA outside graph capture the launcher sends chunks of >= 64 rows the other way (extend_routes.py,
+extend_dequant.py): gather the dequantised prefix and the chunk, then torch SDPA; on the H200 that
+runs at 0.87-0.96× BF16 SDPA vs this kernel's 0.51-0.54× (decode_h200.md).  Decode rows and short
+chunks stay here.
 """
 
 from __future__ import annotations

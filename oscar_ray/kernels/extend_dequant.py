@@ -5,9 +5,9 @@ This is what the original does for prefill (flash-attn varlen over the dequantis
 chunk).  Prefill is compute-bound: the fused kernel (extend_attention.py) unpacks every INT2 tile
 once per 128 query rows and runs at ~175 TFLOP/s on the H200, while the gather moves the prefix once
 (bf16: 4 KB a token at 8 KV heads × d 128) and leaves the FLOPs to a flash kernel at ~320-345.
-The price is a transient buffer of (Σ prefix + chunk) × H_kv × d × 2 (K, V) elements and one host
-sync for the lengths, so the launcher keeps the fused kernel under CUDA-graph capture and for
-buffers over its byte cap.
+The price is a transient buffer of (Σ prefix + chunk) × H_kv × d × 2 (K, V) elements and the lengths
+on the host (handed over, or one sync), so the launcher keeps the fused kernel under CUDA-graph
+capture, for decode rows and short chunks, and for buffers over its byte cap (extend_routes.py).
 
 Token order inside a request's buffer does not matter for the prefix (every chunk query sees all of
 it); the chunk comes last, in order, so SDPA's lower-right causal mask is the chunk's causal mask.
