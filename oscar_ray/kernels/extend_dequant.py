@@ -56,7 +56,7 @@ def _gather_side(c_ptr, s_ptr, b_ptr, n_ptr, cbase, sbase, base16, basen, m2, m1
 
 @triton.jit
 def _gather_kv_kernel(kc_ptr, ks_ptr, vc_ptr, vs_ptr, kb_ptr, vb_ptr, kn_ptr, vn_ptr, t2_ptr, l2_ptr, t16_ptr,
-                      l16_ptr, qo_ptr, kvo_ptr, ok_ptr, ov_ptr,
+                      l16_ptr, qo_ptr, kvo_ptr, ok_ptr, ov_ptr, nb,
                       skcp, skct, skch, svcp, svct, svch, ssp, sst, ssh, sbp, sbt, sbh, snt, snh, st2, st16,
                       sot, soh, PAGE2: tl.constexpr, PAGE16: tl.constexpr, D: tl.constexpr, GS: tl.constexpr,
                       BT: tl.constexpr, KEY_BITS: tl.constexpr, OUT: tl.constexpr):
@@ -68,7 +68,9 @@ def _gather_kv_kernel(kc_ptr, ks_ptr, vc_ptr, vs_ptr, kb_ptr, vb_ptr, kn_ptr, vn
     q0 = tl.load(qo_ptr + b)
     c = tl.load(qo_ptr + b + 1) - q0
     t = tl.program_id(0) * BT + tl.arange(0, BT)
-    omask = t < n2 + n16 + c
+    # rows past the host's allotment are never written, even when the lengths handed over
+    # (host_lengths) disagree with the device's: the buffer was sized from the host's
+    omask = (t < n2 + n16 + c) & (t < tl.load(kvo_ptr + nb + b))
     m2 = t < n2
     m16 = (t >= n2) & (t < n2 + n16)
     mc = (t >= n2 + n16) & omask
@@ -102,15 +104,14 @@ def gather_extend_kv(kv: PagedKV, prefix: Segments, k_new: torch.Tensor, v_new: 
     longest = max((sum(x) for x in lengths), default=0)
     if longest == 0:
         return ok, ov, offsets
-    # row offsets on the device (an exclusive cumsum): a host list copied up would wait for the stream
-    per_request = (prefix.int2_lens + prefix.bf16_lens + qo_indptr[1:] - qo_indptr[:-1]).to(torch.int64)
-    kvo = torch.cumsum(per_request, 0) - per_request
+    # [row offset of each request ‖ rows allotted to it], from the host lengths the buffer was sized by
+    kvo = torch.tensor(offsets[:-1] + [sum(x) for x in lengths], dtype=torch.int64).to(kv.device, non_blocking=True)
     t2, t16 = nonempty_table(prefix.int2_page_table), nonempty_table(prefix.bf16_page_table)
     out = 0 if dtype == torch.bfloat16 else 1 if dtype == torch.float16 else 2
     grid = (triton.cdiv(longest, block_tokens), h, len(lengths))
     _gather_kv_kernel[grid](
         kv.k_codes, kv.k_scales, kv.v_codes, kv.v_scales, kv.k_bf16, kv.v_bf16, k_new, v_new, t2,
-        prefix.int2_lens, t16, prefix.bf16_lens, qo_indptr, kvo, ok, ov,
+        prefix.int2_lens, t16, prefix.bf16_lens, qo_indptr, kvo, ok, ov, len(lengths),
         *kv.k_codes.stride()[:3], *kv.v_codes.stride()[:3], *kv.k_scales.stride()[:3], *kv.k_bf16.stride()[:3],
         k_new.stride(0), k_new.stride(1), t2.stride(0), t16.stride(0), ok.stride(0), ok.stride(1),
         PAGE2=geo.int2_page_size, PAGE16=geo.bf16_page_size, D=d, GS=geo.group_size, BT=block_tokens,

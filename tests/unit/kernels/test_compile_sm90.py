@@ -84,6 +84,13 @@ SCRIPT = textwrap.dedent('''
     for prec, gs, kb, bm in (("bf16", 128, 2, 128), ("tf32", 64, 2, 64), ("bf16", 128, 3, 128), ("bf16", 128, 2, 64)):
         check(ea._extend_kernel, e, dict(GQA=4, PAGE2=8, PAGE16=8, D=128, GS=gs, BLOCK_M=bm, BLOCK_N=32,
               PRECISION=prec, KEY_BITS=kb), num_stages=3)  # the launcher's block_m (128, 64 for short chunks)
+    from oscar_ray.kernels import extend_dequant as ed
+    g = dict(kc_ptr=P("u8"), ks_ptr=P("fp16"), vc_ptr=P("u8"), vs_ptr=P("fp16"), kb_ptr=P("bf16"), vb_ptr=P("bf16"),
+             kn_ptr=P("bf16"), vn_ptr=P("bf16"), t2_ptr=P("i32"), l2_ptr=P("i32"), t16_ptr=P("i32"), l16_ptr=P("i32"),
+             qo_ptr=P("i32"), kvo_ptr=P("i64"), ok_ptr=P("bf16"), ov_ptr=P("bf16"))
+    for kb, gs, out in ((2, 128, 0), (3, 128, 0), (2, 64, 2)):  # the extend gather: bf16 out, 3-bit keys, fp32 groups
+        g2 = dict(g, ok_ptr=P("fp32"), ov_ptr=P("fp32")) if out == 2 else g
+        check(ed._gather_kv_kernel, g2, dict(PAGE2=8, PAGE16=8, D=128, GS=gs, BT=64, KEY_BITS=kb, OUT=out))
     print("ALL OK")
 ''')
 

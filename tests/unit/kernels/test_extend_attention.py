@@ -174,3 +174,15 @@ def test_extend_mixed_batch_matches_reference(seed, precision):
     ref = extend_attention_reference(rotate_heads(q, rk), rotate_heads(k, rk), v, kv, seg, indptr)
     atol, rtol = (2e-6, 1e-5) if precision == "ieee" else (3e-2, 2e-2)
     assert_close_verbose(out, ref.float(), atol, rtol, what=f"mixed {precision}")
+
+
+def test_gather_never_writes_past_the_host_allotment(seed):
+    # host lengths that under-state the device's: the rows they allot are written, nothing beyond
+    from oscar_ray.kernels.extend_dequant import gather_extend_kv
+
+    kv, seg = random_mixed_cache([19, 9], [5, 0], 2, 64, seed=seed)
+    _, k, v, indptr = _chunk([4, 3], 2, 2, 64)
+    right = gather_extend_kv(kv, seg, k, v, indptr, [(19, 5, 4), (9, 0, 3)], torch.float32)[0]
+    short = gather_extend_kv(kv, seg, k, v, indptr, [(10, 5, 4), (9, 0, 3)], torch.float32)[0]
+    assert short.shape[0] == 31 and torch.equal(short[:19], right[:19])  # request 0's first 19 rows
+    assert torch.equal(short[19:], right[28:])  # request 1 starts at its allotted offset
