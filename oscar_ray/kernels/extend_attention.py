@@ -159,9 +159,9 @@ def int2_extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Ten
         return out
     fused = partial(_launch_fused, kv=kv, geo=geo, block_m=block_m, block_n=block_n, num_warps=num_warps,
                     num_stages=num_stages, precision=precision, sm_scale=sm_scale)
-    if method == "auto":
-        on_gpu = q.is_cuda and not torch.cuda.is_current_stream_capturing()
-        method = "auto" if on_gpu and max_chunk >= DEQUANT_MIN_CHUNK else "fused"
+    if method == "auto" and not (q.is_cuda and not torch.cuda.is_current_stream_capturing()
+                                 and max_chunk >= DEQUANT_MIN_CHUNK):
+        method = "fused"  # off the GPU, under capture, or no chunk long enough to gather for
     if method == "fused":
         fused(q, k_new, v_new, prefix, qo_indptr, max_chunk, out)
     else:

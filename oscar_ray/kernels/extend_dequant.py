@@ -119,18 +119,19 @@ def gather_extend_kv(kv: PagedKV, prefix: Segments, k_new: torch.Tensor, v_new: 
     return ok, ov, offsets
 
 
-def extend_by_sdpa(q, k_new, v_new, kv, prefix, qo_indptr, lengths, bounds, dtype, scale, out) -> None:
+def extend_by_sdpa(q, k_new, v_new, kv, prefix, qo_indptr, lengths, dtype, scale, out) -> None:
     """out[rows of b] = SDPA(q_b, [prefix ‖ chunk]_b) with the chunk causal."""
     from torch.nn.attention.bias import causal_lower_right
 
     ok, ov, offsets = gather_extend_kv(kv, prefix, k_new, v_new, qo_indptr, lengths, dtype)
+    lo = 0  # request b's first chunk row: the chunks lie back to back, as qo_indptr says
     for b, (n2, n16, c) in enumerate(lengths):
-        if c == 0:
-            continue
-        total, lo = n2 + n16 + c, bounds[b]
-        qb = q[lo : lo + c].to(dtype).transpose(0, 1).unsqueeze(0)  # [1, Hq, C, d]
-        kb, vb = (x[offsets[b] : offsets[b] + total].transpose(0, 1).unsqueeze(0) for x in (ok, ov))
-        out[lo : lo + c] = _sdpa(qb, kb, vb, causal_lower_right(c, total), scale)[0].transpose(0, 1)
+        if c:
+            total = n2 + n16 + c
+            qb = q[lo : lo + c].to(dtype).transpose(0, 1).unsqueeze(0)  # [1, Hq, C, d]
+            kb, vb = (x[offsets[b] : offsets[b] + total].transpose(0, 1).unsqueeze(0) for x in (ok, ov))
+            out[lo : lo + c] = _sdpa(qb, kb, vb, causal_lower_right(c, total), scale)[0].transpose(0, 1)
+        lo += c
 
 
 def _sdpa(q, k, v, mask, scale):

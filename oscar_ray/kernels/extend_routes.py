@@ -87,15 +87,12 @@ def run_routes(method, q, k_new, v_new, kv, prefix, qo_indptr, lengths, dtype, s
         # the whole batch takes this route: no sub-batch copies (the gather would also copy the
         # prefixes of requests with an empty chunk, so dequant takes the shortcut only without them)
         if len(reqs) == live and (not dequant or live == len(lengths)):
-            args = (q, k_new, v_new, prefix, qo_indptr, lengths, out)
-            rows = None
+            rows, qx, kx, vx, seg, qo, lens, dst = None, q, k_new, v_new, prefix, qo_indptr, lengths, out
         else:
-            rows, qs, ks, vs, seg, qo, sub_lengths = sub_batch(reqs, lengths, prefix, q, k_new, v_new)
-            args = (qs, ks, vs, seg, qo, sub_lengths, torch.zeros(rows.shape[0], *out.shape[1:], dtype=out.dtype,
-                                                                  device=out.device))
-        qx, kx, vx, seg, qo, lens, dst = args
+            rows, qx, kx, vx, seg, qo, lens = sub_batch(reqs, lengths, prefix, q, k_new, v_new)
+            dst = torch.zeros(rows.shape[0], *out.shape[1:], dtype=out.dtype, device=out.device)
         if dequant:
-            extend_by_sdpa(qx, kx, vx, kv, seg, qo, lens, _bounds(lens), dtype, scale, dst)
+            extend_by_sdpa(qx, kx, vx, kv, seg, qo, lens, dtype, scale, dst)
         else:
             fused(qx, kx, vx, seg, qo, max(c for _, _, c in lens), dst)
         if rows is not None:

@@ -24,6 +24,7 @@ import torch
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 
 from oscar_ray.kernels import Segments, int2_decode_attention, int2_extend_attention
+from oscar_ray.kernels.extend_routes import DEQUANT_MIN_CHUNK, host_lengths_of
 from oscar_ray.quant.centre import add_value_mean, centred
 
 from .pool import OscarMHATokenToKVPool
@@ -102,10 +103,12 @@ class OscarAttnBackend(AttentionBackend):
                              pool.slot_owner, pool.ring_tag, max_pages)
         qo = torch.zeros(ext.shape[0] + 1, dtype=torch.int32, device=ext.device)
         qo[1:] = torch.cumsum(ext, 0)
-        host = torch.cat([seg.int2_lens, seg.bf16_lens, ext.to(torch.int32)]).tolist()
-        nb = ext.shape[0]
-        lengths = [(host[i], host[nb + i], host[2 * nb + i]) for i in range(nb)]
-        self.forward_metadata = OscarForwardMetadata(plan, seg, qo, _host_max(fb.extend_seq_lens_cpu, ext), lengths)
+        max_chunk = _host_max(fb.extend_seq_lens_cpu, ext)
+        # the launcher's "auto" fuses batches without a chunk of DEQUANT_MIN_CHUNK rows and needs no
+        # lengths then: skip the read-back (a sync) for them
+        lengths = (None if self.extend_method == "auto" and max_chunk < DEQUANT_MIN_CHUNK
+                   else host_lengths_of(seg, qo, ext.shape[0], None))
+        self.forward_metadata = OscarForwardMetadata(plan, seg, qo, max_chunk, lengths)
 
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int):
         raise NotImplementedError("the OSCAR backend has no CUDA-graph path yet: launch with --cuda-graph-backend-decode disabled --cuda-graph-backend-prefill disabled")
