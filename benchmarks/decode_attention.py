@@ -220,9 +220,10 @@ def time_eager(fn, args) -> tuple[float, float, float]:
     return _percentiles(samples * 2)
 
 
-def bench_extend(ctx: int, chunk: int, args, device: str, **tiles) -> list[str]:
+def bench_extend(ctx: int, chunk: int, args, device: str, dequant: bool = True, **tiles) -> list[str]:
     """Extend of one chunk over a cached prefix vs SDPA; tiles: block_m / block_n / num_warps /
-    num_stages for int2_extend_attention (benchmarks/extend_sweep.py), else its defaults."""
+    num_stages of the fused kernel (benchmarks/extend_sweep.py, which leaves out the dequant
+    route: it has no tiles), else its defaults."""
     prefix = ctx - chunk
     kv, seg = random_mixed_cache([prefix - SINK], [SINK], HKV, D, scale_dtype=args.scale_dtype, device=device)
     q = torch.randn(chunk, HQ, D, device=device, dtype=torch.bfloat16)
@@ -231,12 +232,13 @@ def bench_extend(ctx: int, chunk: int, args, device: str, **tiles) -> list[str]:
     ours = lambda copies: [lambda: int2_extend_attention(q, k, v, kv, seg, indptr, max_chunk=chunk,
                                                          precision=args.extend_precision, method="fused", **tiles)]
     t_ours = time_calls(ours, 0, args)
-    t_deq = time_eager(lambda: int2_extend_attention(q, k, v, kv, seg, indptr, max_chunk=chunk,
-                                                     precision=args.extend_precision, method="dequant"), args)
-    hl = [(prefix - SINK, SINK, chunk)]  # what an engine's scheduler hands over: no host sync
-    t_deq_h = time_eager(lambda: int2_extend_attention(q, k, v, kv, seg, indptr, max_chunk=chunk,
-                                                       precision=args.extend_precision, method="dequant",
-                                                       host_lengths=hl), args)
+    if dequant:
+        t_deq = time_eager(lambda: int2_extend_attention(q, k, v, kv, seg, indptr, max_chunk=chunk,
+                                                         precision=args.extend_precision, method="dequant"), args)
+        hl = [(prefix - SINK, SINK, chunk)]  # what an engine's scheduler hands over: no host sync
+        t_deq_h = time_eager(lambda: int2_extend_attention(q, k, v, kv, seg, indptr, max_chunk=chunk,
+                                                           precision=args.extend_precision, method="dequant",
+                                                           host_lengths=hl), args)
     from torch.nn.attention.bias import causal_lower_right
     from torch.nn.functional import scaled_dot_product_attention as sdpa
 
@@ -254,9 +256,11 @@ def bench_extend(ctx: int, chunk: int, args, device: str, **tiles) -> list[str]:
     base = lambda copies: [lambda: call(kb, vb)]
     t_sdpa = time_calls(base, 0, args)
     flops = 4 * HQ * D * chunk * (prefix + chunk / 2)
-    return [str(ctx), str(chunk), _fmt(t_ours), f"{flops / t_ours[1] / 1e6:.0f}", f"{_fmt(t_sdpa)} {variant}",
-            f"{flops / t_sdpa[1] / 1e6:.0f}", f"{t_sdpa[1] / t_ours[1]:.2f}×", _fmt(t_deq),
-            f"{t_sdpa[1] / t_deq[1]:.2f}×", _fmt(t_deq_h), f"{t_sdpa[1] / t_deq_h[1]:.2f}×"]
+    row = [str(ctx), str(chunk), _fmt(t_ours), f"{flops / t_ours[1] / 1e6:.0f}", f"{_fmt(t_sdpa)} {variant}",
+           f"{flops / t_sdpa[1] / 1e6:.0f}", f"{t_sdpa[1] / t_ours[1]:.2f}×"]
+    if dequant:
+        row += [_fmt(t_deq), f"{t_sdpa[1] / t_deq[1]:.2f}×", _fmt(t_deq_h), f"{t_sdpa[1] / t_deq_h[1]:.2f}×"]
+    return row
 
 
 def _commit() -> str:
@@ -345,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
         *_table(WRITE_HEADER, writes), "",
         f"## Extend (one request, chunk of new tokens over a cached prefix; precision {args.extend_precision})", "",
         "fused = the one-kernel extend (CUDA graph); dequant = gather [prefix ‖ chunk] to the precision's"
-        " dtype + SDPA (the CUDA default outside graphs), timed eagerly, reading the lengths back (a host"
+        " dtype + SDPA (the CUDA default for chunks of ≥ 64 rows outside graphs), timed eagerly, reading the lengths back (a host"
         " sync) or given them (host_lengths, as the torch engine passes them).", "",
         *_table(["context", "chunk", "fused µs", "fused TFLOP/s", "SDPA µs", "SDPA TFLOP/s", "fused speedup",
                  "dequant (sync) µs", "speedup", "dequant (host_lengths) µs", "speedup"], extend), "",

@@ -18,8 +18,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from decode_attention import _commit, _table, bench_extend  # noqa: E402
 
 HEADER = ["config (block_m:block_n:warps:stages)", "context", "chunk", "ours µs", "ours TFLOP/s", "SDPA µs",
-          "SDPA TFLOP/s", "speedup", "dequant (sync) µs (not tiled)", "speedup",
-          "dequant (host_lengths) µs", "speedup"]
+          "SDPA TFLOP/s", "speedup"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,9 +40,10 @@ def main(argv: list[str] | None = None) -> int:
         bm, bn, w, st = (int(x) for x in cfg.split(":"))
         for ctx in args.contexts:
             try:
-                r = bench_extend(ctx, args.chunk, args, "cuda", block_m=bm, block_n=bn, num_warps=w, num_stages=st)
+                r = bench_extend(ctx, args.chunk, args, "cuda", dequant=False, block_m=bm, block_n=bn, num_warps=w,
+                                 num_stages=st)
             except Exception as e:  # noqa: BLE001 - a config that does not compile (shared memory) is a row
-                r = [str(ctx), str(args.chunk), f"failed: {type(e).__name__}", "", "", "", "", "", "", "", ""]
+                r = [str(ctx), str(args.chunk), f"failed: {type(e).__name__}", "", "", "", ""]
             rows.append([cfg, *r])
             print(" | ".join(rows[-1]), flush=True)
     text = "\n".join([f"# extend tile sweep ({torch.cuda.get_device_name()}, commit {_commit()},"
