@@ -26,6 +26,7 @@ from ._attn_tiles import _int2_step, _load_q4, _page_bases, _rows_step, _store4
 from ._quant_tiles import _round_bf16
 from ._validate import (FLOAT_ROWS, check_positive, check_pow2, check_precision, check_rotation, check_tensor,
                         nonempty_table)
+from .decode_cuda import cuda_unsupported, default_cuda_splits, int2_tier_cuda
 from .layout import PagedKV, Segments
 from .reference import rotate_heads
 
@@ -98,7 +99,7 @@ def _tier_partial(q_ptr, k_ptr, ks_ptr, v_ptr, vs_ptr, table_ptr, lens_ptr, mid_
 @triton.jit
 def _decode_stage1_kernel(q_ptr, kc_ptr, ks_ptr, vc_ptr, vs_ptr, t2_ptr, l2_ptr, kb_ptr, vb_ptr, t16_ptr, l16_ptr,
                           mid_o_ptr, mid_lse_ptr, qk_scale, sqb, sqh, scp, sct, sch, skp, skt, skh, ssp, sst, ssh,
-                          st2, sbp, sbt, sbh, st16, n_q_heads, ak_ptr, av_ptr, sab, sah,
+                          st2, sbp, sbt, sbh, st16, n_q_heads, ak_ptr, av_ptr, sab, sah, split0,
                           GQA: tl.constexpr, PAGE2: tl.constexpr, PAGE16: tl.constexpr, D: tl.constexpr,
                           GS: tl.constexpr, SPLITS2: tl.constexpr, SPLITS16: tl.constexpr, BLOCK_H: tl.constexpr,
                           BLOCK_N2: tl.constexpr, BLOCK_N16: tl.constexpr, PRECISION: tl.constexpr,
@@ -107,7 +108,7 @@ def _decode_stage1_kernel(q_ptr, kc_ptr, ks_ptr, vc_ptr, vs_ptr, t2_ptr, l2_ptr,
     # layer and step, ~4 µs of a 25 µs bs-1 16K step on the H200
     b = tl.program_id(0)
     kh = tl.program_id(1)
-    split = tl.program_id(2)
+    split = tl.program_id(2) + split0  # split0 = SPLITS2: the INT2 tier ran elsewhere (decode_cuda)
     total = SPLITS2 + SPLITS16
     if split < SPLITS2:
         _tier_partial(q_ptr, kc_ptr, ks_ptr, vc_ptr, vs_ptr, t2_ptr, l2_ptr, mid_o_ptr, mid_lse_ptr, qk_scale, sqb, sqh,
@@ -177,7 +178,8 @@ def int2_decode_attention(q: torch.Tensor, kv: PagedKV, seg: Segments, *, k_rota
                           max_int2_len: int | None = None, block_n: int | None = None, bf16_block_n: int = 64,
                           num_warps: int = 4, num_stages: int | None = None, precision: str = "bf16",
                           num_sms: int = H200_SMS, max_registers: int | None = None,
-                          append_k: torch.Tensor | None = None, append_v: torch.Tensor | None = None) -> torch.Tensor:
+                          append_k: torch.Tensor | None = None, append_v: torch.Tensor | None = None,
+                          int2_kernel: str = "auto") -> torch.Tensor:
     """One decode query per request over its INT2 + BF16 tokens → o [B, Hq, d] float32.
 
     q [B, Hq, d] is in the rotated K basis unless k_rotation (fp32 [d, d] or [H_kv, d, d]) is given,
@@ -200,6 +202,11 @@ def int2_decode_attention(q: torch.Tensor, kv: PagedKV, seg: Segments, *, k_rota
     token of each request, stored as bf16 into that request's last BF16-tier token slot (which
     bf16_lens must already count) inside this launch and then attended, the fused form of
     bf16_write_kv + this call; a request with no BF16-tier token writes nothing.
+    int2_kernel: who computes the INT2 tier's partials: "triton" (the stage-1 kernel above, every
+    layout and device, the interpreter included), "cuda" (decode_cuda.py: d 128, one group, INT2
+    keys, fp16 scales, bf16, GQA <= 16, page >= 8, sm_80+; ValueError naming what is missing
+    otherwise), "auto" (cuda when it can, else triton).  The BF16 tier and the merge are Triton
+    either way; num_splits / block_n / num_stages / max_registers then apply to the Triton tier only.
     Example: o = int2_decode_attention(q, PagedKV(...), Segments(...), k_rotation=R_K, v_rotation=R_V)
     """
     geo = kv.geometry()
@@ -209,6 +216,12 @@ def int2_decode_attention(q: torch.Tensor, kv: PagedKV, seg: Segments, *, k_rota
     if hq % hkv:
         raise ValueError(f"q has {hq} heads, not a multiple of the cache's {hkv} KV heads")
     precision = check_precision(precision)
+    if int2_kernel not in ("auto", "triton", "cuda"):
+        raise ValueError(f"int2_kernel must be 'auto', 'triton' or 'cuda', got {int2_kernel!r}")
+    why_not_cuda = cuda_unsupported(q, kv, geo, precision) if int2_kernel != "triton" else "not asked"
+    if int2_kernel == "cuda" and why_not_cuda:
+        raise ValueError(f"int2_kernel='cuda' cannot serve this call: {why_not_cuda}")
+    use_cuda = why_not_cuda is None
     fast = geo.group_size == d and precision in ("bf16", "bf16_interp", "fp16")
     if block_n is None:
         block_n = default_block_n(b, hkv, max_int2_len, num_sms) if fast else 64
@@ -232,7 +245,10 @@ def int2_decode_attention(q: torch.Tensor, kv: PagedKV, seg: Segments, *, k_rota
         if append_k.stride() != append_v.stride() or append_k.stride(2) != 1:
             append_k, append_v = append_k.contiguous(), append_v.contiguous()
     g = hq // hkv
-    s2 = num_splits or default_num_splits(b, hkv, max_int2_len, num_sms, block_n)
+    if use_cuda:
+        s2 = num_splits or default_cuda_splits(b, hkv, max_int2_len, num_sms=num_sms)
+    else:
+        s2 = num_splits or default_num_splits(b, hkv, max_int2_len, num_sms, block_n)
     s16 = bf16_splits or default_bf16_splits(b, hkv, num_sms)
     total = s2 + s16
     if k_rotation is not None:
@@ -245,13 +261,15 @@ def int2_decode_attention(q: torch.Tensor, kv: PagedKV, seg: Segments, *, k_rota
         return out
     block_h = max(16, triton.next_power_of_2(g))
     t2, t16 = nonempty_table(seg.int2_page_table), nonempty_table(seg.bf16_page_table)
-    _decode_stage1_kernel[(b, hkv, total)](
+    if use_cuda:
+        int2_tier_cuda(q, kv, seg, mid_o, mid_lse, qk_scale, s2)
+    _decode_stage1_kernel[(b, hkv, s16 if use_cuda else total)](
         q, kv.k_codes, kv.k_scales, kv.v_codes, kv.v_scales, t2, seg.int2_lens, kv.k_bf16, kv.v_bf16, t16,
         seg.bf16_lens, mid_o, mid_lse, qk_scale, q.stride(0), q.stride(1), *kv.v_codes.stride()[:3],
         *kv.k_codes.stride()[:3], *kv.k_scales.stride()[:3], t2.stride(0), *kv.k_bf16.stride()[:3], t16.stride(0), hq,
         q if append_k is None else append_k, q if append_v is None else append_v,
         0 if append_k is None else append_k.stride(0), 0 if append_k is None else append_k.stride(1),
-        GQA=g, PAGE2=geo.int2_page_size, PAGE16=geo.bf16_page_size, D=d, GS=geo.group_size, SPLITS2=s2,
+        s2 if use_cuda else 0, GQA=g, PAGE2=geo.int2_page_size, PAGE16=geo.bf16_page_size, D=d, GS=geo.group_size, SPLITS2=s2,
         SPLITS16=s16, BLOCK_H=block_h, BLOCK_N2=block_n, BLOCK_N16=bf16_block_n, PRECISION=precision,
         KEY_BITS=geo.key_bits, APPEND=append_k is not None, num_warps=num_warps, num_stages=num_stages,
         **({"maxnreg": max_registers} if max_registers else {}))

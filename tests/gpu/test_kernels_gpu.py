@@ -251,3 +251,37 @@ def test_decode_fused_append_equals_write_then_decode_cuda(seed, bf16_lens):
         kv.v_bf16[pid.long(), off.long()] = 1e4
         plain_kv = type(kv)(kv.k_codes, kv.k_scales, kv.v_codes, kv.v_scales, ref_k, ref_v)
         assert torch.equal(fused, int2_decode_attention(q, plain_kv, seg, bf16_splits=splits)), splits
+
+
+@pytest.mark.parametrize("g, page", [(1, 8), (3, 16), (4, 8), (4, 64), (8, 8), (12, 32), (16, 8)])
+def test_decode_cuda_int2_tier_matches_reference_cuda(seed, g, page):
+    # decode_cuda.py's kernel (fp16 scales, bf16): lengths at 16-token tile, 32-token step and page
+    # boundaries, an empty INT2 tier and one token; splits that leave CTAs and warps without tokens
+    hkv = 4 if g < 8 else 2
+    int2 = [3001, 0, 1, 16, 17, 31, 32, 33, 4096 + 15]
+    kv, seg = random_mixed_cache(int2, [320, 5, 0, 64, 1, 263, 320, 8, 100], hkv, D, int2_page_size=page,
+                                 scale_dtype=torch.float16, device=CUDA, seed=seed)
+    q = torch.randn(len(int2), hkv * g, D, device=CUDA)
+    ref = decode_attention_reference(q, kv, seg)
+    for splits in (None, 1, 7, 200):
+        out = int2_decode_attention(q, kv, seg, int2_kernel="cuda", num_splits=splits)
+        assert_close_verbose(out, ref, 3e-3, 1e-2, what=f"cuda g={g} page={page} splits={splits}")
+    tri = int2_decode_attention(q, kv, seg, int2_kernel="triton")
+    assert_close_verbose(int2_decode_attention(q, kv, seg), tri, 3e-3, 1e-2, what="auto vs triton")
+
+
+def test_decode_cuda_int2_tier_graph_and_errors_cuda(seed):
+    kv, seg = random_mixed_cache([5000, 70], [320, 200], HKV, D, scale_dtype=torch.float16, device=CUDA, seed=seed)
+    q = torch.randn(2, HQ, D, device=CUDA)
+    eager = int2_decode_attention(q, kv, seg, int2_kernel="cuda")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static = int2_decode_attention(q, kv, seg, int2_kernel="cuda")
+    graph.replay()
+    assert torch.equal(static, eager)
+    seg.int2_lens.copy_(torch.tensor([4000, 3], device=CUDA, dtype=torch.int32))
+    graph.replay()
+    assert torch.equal(static, int2_decode_attention(q, kv, seg, int2_kernel="cuda"))
+    kv32, seg32 = random_mixed_cache([100], [10], HKV, D, device=CUDA, seed=seed)  # fp32 scales
+    with pytest.raises(ValueError, match="fp32 scales"):
+        int2_decode_attention(q[:1], kv32, seg32, int2_kernel="cuda")

@@ -102,6 +102,10 @@ def test_decode_argument_errors():
         int2_decode_attention(q, kv, seg, k_rotation=torch.eye(32))
     with pytest.raises(ValueError, match="num_splits"):
         int2_decode_attention(q, kv, seg, num_splits=-2)
+    with pytest.raises(ValueError, match="int2_kernel"):
+        int2_decode_attention(q, kv, seg, int2_kernel="cutlass")
+    with pytest.raises(ValueError, match="not on a CUDA device"):  # the CUDA tier kernel, asked for on CPU
+        int2_decode_attention(q, kv, seg, int2_kernel="cuda")
 
 
 @pytest.mark.parametrize("precision, group_size, d", [("ieee", None, 64), ("ieee", 32, 128), ("bf16", None, 128),

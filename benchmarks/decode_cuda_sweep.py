@@ -1,0 +1,141 @@
+"""The CUDA INT2-tier decode kernel (oscar_ray/kernels/decode_cuda.py) on the GPU: correctness, registers, times.
+
+    PYTHONPATH=. python3 benchmarks/decode_cuda_sweep.py --out cuda.md [--configs 4:0 8:0 4:24 ...]
+
+A config is warps:splits[:min_blocks] (splits 0: default_cuda_splits; min_blocks absent: the
+launcher's).  Per shape it times, in one call and with CUDA graphs over cold-L2 copies (as
+benchmarks/decode_attention.py): the Triton stage 1 (int2_kernel="triton", launcher defaults), each
+CUDA config, and torch SDPA over a BF16 cache.  Before timing it checks the CUDA path against the
+float64 reference and the Triton path at several GQA ratios, page sizes and lengths.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import datetime
+import os
+import sys
+from functools import partial
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from decode_attention import D, HKV, HQ, RECENT, SINK, _commit, _fmt, _sdpa_decode, _table, _tensors, time_calls  # noqa: E402
+
+import oscar_ray.kernels.decode_attention as dec  # noqa: E402
+from oscar_ray.kernels import decode_cuda, int2_decode_attention  # noqa: E402
+from oscar_ray.kernels.reference import decode_attention_reference  # noqa: E402
+from oscar_ray.kernels.synthetic import random_mixed_cache  # noqa: E402
+
+
+def func_attrs(kernel) -> str:
+    lib = torch.cuda._utils._get_gpu_runtime_library()
+    out = {}
+    for name, code in (("regs", 4), ("local_bytes", 3), ("static_smem", 1)):
+        v = ctypes.c_int()
+        lib.cuFuncGetAttribute(ctypes.byref(v), code, kernel.func)
+        out[name] = v.value
+    return ", ".join(f"{k} {v}" for k, v in out.items())
+
+
+def check(seed: int) -> list[list[str]]:
+    rows = []
+    cases = [(4, 8, [3001, 1, 777, 130, 0, 16, 17]), (1, 8, [900, 33]), (3, 16, [1000, 5]), (8, 8, [1500, 64]),
+             (12, 64, [2000, 47]), (16, 8, [700, 1]), (4, 32, [4096, 31])]
+    for g, page, lens in cases:
+        hkv = 4 if g < 8 else 2
+        kv, seg = random_mixed_cache(lens, [320] * len(lens), hkv, D, int2_page_size=page,
+                                     scale_dtype=torch.float16, device="cuda", seed=seed)
+        q = torch.randn(len(lens), hkv * g, D, device="cuda")
+        ref = decode_attention_reference(q, kv, seg)
+        errs = []
+        for splits in (None, 1, 7):
+            o = int2_decode_attention(q, kv, seg, int2_kernel="cuda", num_splits=splits)
+            errs.append(float((o - ref).abs().max()))
+        tri = int2_decode_attention(q, kv, seg, int2_kernel="triton")
+        rows.append([str(g), str(page), str(lens), " / ".join(f"{e:.2e}" for e in errs),
+                     f"{float((tri - ref).abs().max()):.2e}", f"{float(ref.abs().max()):.3f}"])
+        print(rows[-1], flush=True)
+    return rows
+
+
+def sweep(batch: int, ctx: int, configs, args) -> list[list[str]]:
+    n2 = ctx - SINK - RECENT
+    nbytes = batch * (n2 * HKV * (D // 4 + 4) * 2 + (SINK + RECENT) * HKV * D * 4) + 2 * batch * HQ * D * 4
+    kv, seg = random_mixed_cache([n2] * batch, [SINK + RECENT] * batch, HKV, D, scale_dtype=torch.float16,
+                                 device="cuda")
+    q = torch.randn(batch, HQ, D, device="cuda")
+
+    def caches(n):
+        return [(kv, seg)] + [(type(kv)(*[t.clone() for t in _tensors(kv)], kv.group_size, kv.key_bits),
+                               type(seg)(*[t.clone() for t in _tensors(seg)])) for _ in range(n - 1)]
+
+    rows = []
+
+    def run(name, **kw):
+        try:
+            t = time_calls(lambda n: [lambda c=c: int2_decode_attention(q, c[0], c[1], max_int2_len=n2, **kw)
+                                      for c in caches(n)], nbytes, args)
+            rows.append([str(batch), str(ctx), name, _fmt(t), f"{nbytes / t[1] / 1e3:.0f}", t[1]])
+        except Exception as e:  # a config that fails to compile or launch is reported, not fatal
+            rows.append([str(batch), str(ctx), name, f"failed: {type(e).__name__}: {e}"[:120], "", float("nan")])
+        print(rows[-1], flush=True)
+
+    run("triton", int2_kernel="triton")
+    original = dec.int2_tier_cuda
+    for warps, splits, *minb in configs:
+        dec.int2_tier_cuda = partial(original, warps=warps, min_blocks=minb[0] if minb else None)
+        s = splits or decode_cuda.default_cuda_splits(batch, HKV, n2, warps)
+        run(f"cuda {warps}:{s}{':' + str(minb[0]) if minb else ''}", int2_kernel="cuda", num_splits=s)
+    dec.int2_tier_cuda = original
+    del kv, seg
+    kb, vb = (torch.randn(batch, HKV, ctx, D, device="cuda", dtype=torch.bfloat16) for _ in "kv")
+    qb = q.to(torch.bfloat16).unsqueeze(2)
+    backend, sdpa = _sdpa_decode(qb, kb, vb)
+    t = time_calls(lambda n: [lambda k=k, v=v: sdpa(qb, k, v)
+                              for k, v in [(kb, vb)] + [(kb.clone(), vb.clone()) for _ in range(n - 1)]],
+                   batch * ctx * HKV * D * 4, args)
+    for r in rows:
+        r.append(f"{t[1] / r[5]:.2f}×" if r[5] == r[5] else "")
+        r[5] = f"{_fmt(t)} {backend}"
+    return rows
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", required=True)
+    p.add_argument("--shapes", nargs="+", default=["1x16384", "8x65536", "8x131072", "32x131072"])
+    p.add_argument("--configs", nargs="+", default=["4:0", "4:0:2", "8:0"])
+    p.add_argument("--replays", type=int, default=20)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--skip-check", action="store_true")
+    args = p.parse_args()
+    args.smoke = False
+    configs = [tuple(int(x) for x in c.split(":")) for c in args.configs]
+    lines = ["# CUDA INT2-tier decode kernel sweep", "",
+             f"- GPU {torch.cuda.get_device_name()}, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}, "
+             f"torch {torch.__version__}, commit {_commit()}", ""]
+    if not args.skip_check:
+        rows = check(args.seed)
+        lines += ["## max |o − reference| (fp16 scales, bf16)", ""]
+        lines += _table(["GQA", "page", "INT2 lens", "cuda (default / 1 / 7 splits)", "triton", "max |ref|"], rows)
+    for warps, _, *minb in configs:
+        k = decode_cuda._kernel(4, 8, warps, minb[0] if minb else None)
+        lines.append(f"- kernel warps {warps} min_blocks {minb or 'default'}: {func_attrs(k)}")
+    lines.append("")
+    rows = []
+    for shape in args.shapes:
+        b, t = (int(x) for x in shape.split("x"))
+        rows += sweep(b, t, configs, args)
+    lines += _table(["batch", "context", "kernel", "µs", "GB/s", "SDPA µs", "speedup"], rows)
+    text = "\n".join(lines) + "\n"
+    print(text)
+    with open(args.out, "w") as f:
+        f.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,407 @@
+"""INT2-tier decode partials as a hand-scheduled CUDA kernel (NVRTC), for d = 128 on sm_80+.
+
+Why not Triton here: the Triton stage-1 loop costs ~37 warp-instructions per token-head (H200,
+decode_h200.md) because Triton pads the 4 query heads of a KV head to 16 MMA rows, re-copies the
+q fragments before every MMA and moves unpacked codes through shared memory to reach the dot
+layouts.  Written against the mma.sync fragment layouts directly, the same math costs ~12:
+
+  S^T [16 tokens, 8 heads] = C_K [16 tok, d] · q^T     (codes as the A operand, heads padded to 8)
+  O^T [d, 8 heads]        += C_V^T [d, 16 tok] · P'^T  (P' = p·s_V, transposed by movmatrix)
+
+Each thread loads exactly the code bytes its A fragments need and unpacks them in registers
+(lop3: (w >> 2k) & 0x00030003 | 0x43004300 = two bf16 values 128 + c, the +128 folded into the
+zero points as in _unpack.py).  The fragment columns are a fixed permutation of d, applied to q
+on load and undone when O is stored:
+  K, thread (g, t), k-step j = 4w + kk, slot σ ∈ {0: col 2t, 1: 2t+1, 2: 2t+8, 3: 2t+9}:
+      d = 8t + 4w + (0, 2, 1, 3)[σ] + 32·kk      (byte 8t + 4w + ·, code kk of that byte)
+  V, thread (g, t), d-tile i, row g (+8 when r = 1): d = 4g + 2(i & 1) + r + 32(i >> 1)
+Scores use the one-group algebra of _attn_tiles._int2_step: s·(q·(c+128) − (z+128)·Σq) and
+p·v = (p∘s)·(c+128) − Σ p s (z+128).  A CTA of WARPS warps takes one split; warp w takes its
+32-token steps w, w + WARPS, …, prefetching the next step's bytes; the warps' online-softmax
+states merge in shared memory into the same (mid_o, mid_lse) rows as the Triton stage 1, so the
+BF16 tier and the merge stay the Triton kernels of decode_attention.py.
+Only NVRTC (bundled with torch's CUDA build) is needed; under TRITON_INTERPRET / on CPU this path
+is never taken.  Its contract is tested on the GPU (tests/gpu) against the float64 reference.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+from .layout import KVGeometry, PagedKV, Segments
+
+KERNEL_NAME = "oscar_int2_decode_d128"
+STEP = 32  # tokens per online-softmax step: two 16-token MMA tiles
+
+_SOURCE = r"""
+typedef unsigned int u32;
+#define NT __NT__
+#define G __G__
+#define PAGE __PAGE__
+#define WARPS __WARPS__
+#define MINB __MINB__
+#define D 128
+#define FULL 0xffffffffu
+#define NEG_INF __int_as_float(0xff800000)
+
+__device__ __forceinline__ u32 lop_codes(u32 x) {  // lanes (x & 3) | bf16(128): 128 + c, two at once
+    u32 r; asm("lop3.b32 %0, %1, 0x00030003, 0x43004300, 0xEA;" : "=r"(r) : "r"(x)); return r;
+}
+__device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 sel) {
+    u32 r; asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel)); return r;
+}
+__device__ __forceinline__ u32 pack_bf16(float lo, float hi) {
+    u32 r; asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo)); return r;
+}
+__device__ __forceinline__ float bf16_lo(u32 x) { return __uint_as_float(x << 16); }
+__device__ __forceinline__ float bf16_hi(u32 x) { return __uint_as_float(x & 0xffff0000u); }
+__device__ __forceinline__ u32 trans8(u32 x) {
+    u32 r; asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(r) : "r"(x)); return r;
+}
+__device__ __forceinline__ void mma(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ float ex2(float x) {
+    float r; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x)); return r;
+}
+__device__ __forceinline__ float2 halves(u32 x) {  // fp16 (s, z) pair -> floats
+    float a, b;
+    asm("{.reg .b16 l, h; mov.b32 {l, h}, %2; cvt.f32.f16 %0, l; cvt.f32.f16 %1, h;}" : "=f"(a), "=f"(b) : "r"(x));
+    return make_float2(a, b);
+}
+
+struct Tile {  // one 16-token tile's bytes as this thread's fragments need them
+    uint2 k_lo, k_hi;  // K codes of tokens g, g + 8: bytes 8t .. 8t + 7
+    u32 v[4];          // V codes of tokens 2t, 2t + 1, 2t + 8, 2t + 9: bytes 4g .. 4g + 3
+    u32 ksz[2], vsz[2];  // (s, z) fp16 of tokens g, g + 8
+};
+
+__device__ __forceinline__ void load_tile(Tile& T, int n, int end, const int* __restrict__ trow,
+        const unsigned char* __restrict__ kc, const unsigned short* __restrict__ ks,
+        const unsigned char* __restrict__ vc, const unsigned short* __restrict__ vs,
+        int c_page, int c_tok, int s_page, int s_tok, int g, int t) {
+    // n % 16 == 0 and PAGE >= 8: tokens n .. n + 7 share a page, and so do n + 8 .. n + 15
+    const int p_lo = trow[n / PAGE];
+    const int p_hi = (PAGE >= 16 || n + 8 >= end) ? p_lo : trow[(n + 8) / PAGE];
+    const int o_lo = n % PAGE, o_hi = (PAGE >= 16) ? o_lo + 8 : 0;
+    const long long cl = (long long)p_lo * c_page, ch = (long long)p_hi * c_page;
+    const long long sl = (long long)p_lo * s_page, sh = (long long)p_hi * s_page;
+    T.k_lo = *(const uint2*)(kc + cl + (o_lo + g) * c_tok + 8 * t);
+    T.k_hi = *(const uint2*)(kc + ch + (o_hi + g) * c_tok + 8 * t);
+    T.v[0] = *(const u32*)(vc + cl + (o_lo + 2 * t) * c_tok + 4 * g);
+    T.v[1] = *(const u32*)(vc + cl + (o_lo + 2 * t + 1) * c_tok + 4 * g);
+    T.v[2] = *(const u32*)(vc + ch + (o_hi + 2 * t) * c_tok + 4 * g);
+    T.v[3] = *(const u32*)(vc + ch + (o_hi + 2 * t + 1) * c_tok + 4 * g);
+    T.ksz[0] = *(const u32*)(ks + sl + (o_lo + g) * s_tok);
+    T.ksz[1] = *(const u32*)(ks + sh + (o_hi + g) * s_tok);
+    T.vsz[0] = *(const u32*)(vs + sl + (o_lo + g) * s_tok);
+    T.vsz[1] = *(const u32*)(vs + sh + (o_hi + g) * s_tok);
+}
+
+extern "C" __global__ void __launch_bounds__(WARPS * 32, MINB)
+oscar_int2_decode_d128(const float* __restrict__ q, const unsigned char* __restrict__ kc,
+        const unsigned short* __restrict__ ks, const unsigned char* __restrict__ vc,
+        const unsigned short* __restrict__ vs, const int* __restrict__ table, const int* __restrict__ lens,
+        float* __restrict__ mid_o, float* __restrict__ mid_lse, double qk_scale_d, int sqb, int sqh,
+        int c_page, int c_tok, int c_head, int s_page, int s_tok, int s_head, int s_table, int n_q_heads,
+        int total_splits, int n_splits) {
+    __shared__ float sh_o[WARPS][8 * NT][D];
+    __shared__ float sh_m[WARPS][8 * NT], sh_l[WARPS][8 * NT];
+    const int b = blockIdx.x, kh = blockIdx.y, split = blockIdx.z;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const float qk_scale = (float)qk_scale_d;
+    const int seq_len = lens[b];
+    const int split_len = ((seq_len + n_splits - 1) / n_splits + 31) / 32 * 32;
+    const int start = split * split_len;
+    const int end = min(start + split_len, seq_len);
+    const int* trow = table + (long long)b * s_table;
+    kc += (long long)kh * c_head; vc += (long long)kh * c_head;
+    ks += (long long)kh * s_head; vs += (long long)kh * s_head;
+
+    // q^T fragments (B operand) in the K permutation, pre-scaled and rounded to bf16 once
+    u32 qf[NT][8][2];
+    float qsum[NT][2];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+        const int h = nt * 8 + g;
+        const float* qrow = q + (long long)b * sqb + (long long)(kh * G + (h < G ? h : 0)) * sqh;
+        const float on = h < G ? qk_scale : 0.0f;
+        float part = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            const int base = 8 * t + 4 * (j >> 2) + 32 * (j & 3);
+            qf[nt][j][0] = pack_bf16(qrow[base] * on, qrow[base + 2] * on);
+            qf[nt][j][1] = pack_bf16(qrow[base + 1] * on, qrow[base + 3] * on);
+            part += bf16_lo(qf[nt][j][0]) + bf16_hi(qf[nt][j][0]) + bf16_lo(qf[nt][j][1]) + bf16_hi(qf[nt][j][1]);
+        }
+        part += __shfl_xor_sync(FULL, part, 1);
+        part += __shfl_xor_sync(FULL, part, 2);  // Σq of head 8nt + g, in every lane of group g
+        qsum[nt][0] = __shfl_sync(FULL, part, 8 * t);      // head 8nt + 2t
+        qsum[nt][1] = __shfl_sync(FULL, part, 8 * t + 4);  // head 8nt + 2t + 1
+    }
+
+    float acc[8][NT][4];
+    float m[NT][2], l[NT][2], corr[NT][2];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[i][nt][0] = acc[i][nt][1] = acc[i][nt][2] = acc[i][nt][3] = 0.0f;
+        m[nt][0] = m[nt][1] = NEG_INF;
+        l[nt][0] = l[nt][1] = corr[nt][0] = corr[nt][1] = 0.0f;
+    }
+
+    Tile cur[2], nxt[2];
+    int n0 = start + warp * 32;
+    if (n0 < end) {
+        load_tile(cur[0], n0, end, trow, kc, ks, vc, vs, c_page, c_tok, s_page, s_tok, g, t);
+        if (n0 + 16 < end) load_tile(cur[1], n0 + 16, end, trow, kc, ks, vc, vs, c_page, c_tok, s_page, s_tok, g, t);
+        else cur[1] = cur[0];
+    }
+    for (; n0 < end; n0 += WARPS * 32) {
+        const int n1 = n0 + WARPS * 32;
+        if (n1 < end) {
+            load_tile(nxt[0], n1, end, trow, kc, ks, vc, vs, c_page, c_tok, s_page, s_tok, g, t);
+            if (n1 + 16 < end) load_tile(nxt[1], n1 + 16, end, trow, kc, ks, vc, vs, c_page, c_tok, s_page, s_tok, g, t);
+            else nxt[1] = nxt[0];
+        }
+        // scores S^T[token, head] of both tiles
+        float s[2][NT][4];
+        float vsc[2][2], vzc[2][2];  // V (s, z + 128) of tokens g, g + 8, 0 when masked
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.0f;
+#pragma unroll
+            for (int w = 0; w < 2; ++w) {
+                const u32 wl = w ? cur[mt].k_lo.y : cur[mt].k_lo.x;
+                const u32 wh = w ? cur[mt].k_hi.y : cur[mt].k_hi.x;
+#pragma unroll
+                for (int kk = 0; kk < 4; ++kk) {
+                    const u32 a0 = lop_codes(wl >> (2 * kk)), a2 = lop_codes(wl >> (8 + 2 * kk));
+                    const u32 a1 = lop_codes(wh >> (2 * kk)), a3 = lop_codes(wh >> (8 + 2 * kk));
+#pragma unroll
+                    for (int nt = 0; nt < NT; ++nt) mma(s[mt][nt], a0, a1, a2, a3, qf[nt][4 * w + kk][0], qf[nt][4 * w + kk][1]);
+                }
+            }
+            const int tok = n0 + 16 * mt + g;
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const bool ok = tok + 8 * r < end;
+                const float2 kz = halves(cur[mt].ksz[r]);
+                const float2 vz = halves(cur[mt].vsz[r]);
+                vsc[mt][r] = ok ? vz.x : 0.0f;
+                vzc[mt][r] = ok ? vz.y + 128.0f : 0.0f;
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+                    for (int hh = 0; hh < 2; ++hh) {
+                        const float x = kz.x * (s[mt][nt][2 * r + hh] - (kz.y + 128.0f) * qsum[nt][hh]);
+                        s[mt][nt][2 * r + hh] = ok ? x : NEG_INF;
+                    }
+                }
+            }
+        }
+        // online softmax per head column: the step's max over 32 tokens (8 lanes x 4 values)
+        float alpha[NT][2];
+        bool grow = false;
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) {
+                float x = fmaxf(fmaxf(s[0][nt][hh], s[0][nt][2 + hh]), fmaxf(s[1][nt][hh], s[1][nt][2 + hh]));
+                x = fmaxf(x, __shfl_xor_sync(FULL, x, 4));
+                x = fmaxf(x, __shfl_xor_sync(FULL, x, 8));
+                x = fmaxf(x, __shfl_xor_sync(FULL, x, 16));
+                const float mn = fmaxf(m[nt][hh], x);
+                grow |= mn > m[nt][hh];
+                alpha[nt][hh] = (mn == NEG_INF) ? 1.0f : ex2(m[nt][hh] - mn);
+                m[nt][hh] = mn;
+            }
+        }
+        if (__any_sync(FULL, grow)) {  // after the first steps the max rarely moves: skip 36 FMULs
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+                for (int hh = 0; hh < 2; ++hh) { l[nt][hh] *= alpha[nt][hh]; corr[nt][hh] *= alpha[nt][hh]; }
+#pragma unroll
+                for (int i = 0; i < 8; ++i) {
+                    acc[i][nt][0] *= alpha[nt][0]; acc[i][nt][2] *= alpha[nt][0];
+                    acc[i][nt][1] *= alpha[nt][1]; acc[i][nt][3] *= alpha[nt][1];
+                }
+            }
+        }
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+            u32 b0[NT], b1[NT];
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+                float ps[4];
+#pragma unroll
+                for (int c = 0; c < 4; ++c) {
+                    const int hh = c & 1, r = c >> 1;
+                    const float mref = (m[nt][hh] == NEG_INF) ? 0.0f : m[nt][hh];
+                    const float p = ex2(s[mt][nt][c] - mref);
+                    l[nt][hh] += p;
+                    ps[c] = p * vsc[mt][r];
+                }
+                const u32 lo = pack_bf16(ps[0], ps[1]), hi = pack_bf16(ps[2], ps[3]);
+                // Σ p s (z + 128) with the rounded P' the MMA sees
+                corr[nt][0] += bf16_lo(lo) * vzc[mt][0] + bf16_lo(hi) * vzc[mt][1];
+                corr[nt][1] += bf16_hi(lo) * vzc[mt][0] + bf16_hi(hi) * vzc[mt][1];
+                b0[nt] = trans8(lo);  // P'^T rows (tokens 2t, 2t + 1), column head g
+                b1[nt] = trans8(hi);  // tokens 2t + 8, 2t + 9
+            }
+            const u32 xl = prmt(cur[mt].v[0], cur[mt].v[1], 0x5410), yl = prmt(cur[mt].v[0], cur[mt].v[1], 0x7632);
+            const u32 xh = prmt(cur[mt].v[2], cur[mt].v[3], 0x5410), yh = prmt(cur[mt].v[2], cur[mt].v[3], 0x7632);
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk) {
+                const u32 a0 = lop_codes(xl >> (2 * kk)), a1 = lop_codes(xl >> (8 + 2 * kk));
+                const u32 a2 = lop_codes(xh >> (2 * kk)), a3 = lop_codes(xh >> (8 + 2 * kk));
+                const u32 e0 = lop_codes(yl >> (2 * kk)), e1 = lop_codes(yl >> (8 + 2 * kk));
+                const u32 e2 = lop_codes(yh >> (2 * kk)), e3 = lop_codes(yh >> (8 + 2 * kk));
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt) {
+                    mma(acc[2 * kk][nt], a0, a1, a2, a3, b0[nt], b1[nt]);
+                    mma(acc[2 * kk + 1][nt], e0, e1, e2, e3, b0[nt], b1[nt]);
+                }
+            }
+        }
+        if (n1 < end) { cur[0] = nxt[0]; cur[1] = nxt[1]; }
+    }
+
+    // per-warp state -> shared memory: l and corr summed over the 8 token rows (lanes g)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+#pragma unroll
+            for (int off = 4; off < 32; off <<= 1) {
+                l[nt][hh] += __shfl_xor_sync(FULL, l[nt][hh], off);
+                corr[nt][hh] += __shfl_xor_sync(FULL, corr[nt][hh], off);
+            }
+            const int h = nt * 8 + 2 * t + hh;
+            if (g == 0) { sh_m[warp][h] = m[nt][hh]; sh_l[warp][h] = l[nt][hh]; }
+        }
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const int d = 4 * g + 2 * (i & 1) + 32 * (i >> 1);
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+                const int hh = c & 1, r = c >> 1;
+                sh_o[warp][nt * 8 + 2 * t + hh][d + r] = acc[i][nt][c] - corr[nt][hh];
+            }
+        }
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < G * D; e += WARPS * 32) {
+        const int h = e / D, d = e % D;
+        float top = NEG_INF;
+#pragma unroll
+        for (int w = 0; w < WARPS; ++w) top = fmaxf(top, sh_m[w][h]);
+        float o = 0.0f, tot = 0.0f;
+        if (top != NEG_INF) {
+#pragma unroll
+            for (int w = 0; w < WARPS; ++w) {
+                const float wt = ex2(sh_m[w][h] - top);
+                o += wt * sh_o[w][h][d];
+                tot += wt * sh_l[w][h];
+            }
+        }
+        const long long row = ((long long)b * n_q_heads + kh * G + h) * total_splits + split;
+        mid_o[row * D + d] = tot > 0.0f ? o / tot : 0.0f;
+        if (d == 0) mid_lse[row] = tot > 0.0f ? top + log2f(tot) : NEG_INF;
+    }
+}
+"""
+
+
+def _min_blocks(nt: int, warps: int) -> int:
+    # register cap = 65536 / (32 · warps · min_blocks).  ptxas (sm_90, offline) wants 161 at NT 1 and
+    # 254 at NT 2 uncapped; at 4 warps, 3 CTAs (cap 170) keep NT 1 spill-free, 4 (cap 128) spill 32 B
+    return max(1, (12 if nt == 1 else 8) // warps)
+
+
+def kernel_source(gqa: int, page: int, warps: int, min_blocks: int | None = None) -> str:
+    """CUDA source of one specialisation (GQA ratio, INT2 page size, warps per CTA, min CTAs per SM)."""
+    nt = -(-gqa // 8)
+    min_blocks = min_blocks or _min_blocks(nt, warps)
+    return (_SOURCE.replace("__NT__", str(nt)).replace("__G__", str(gqa)).replace("__PAGE__", str(page))
+            .replace("__WARPS__", str(warps)).replace("__MINB__", str(min_blocks)))
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel(gqa: int, page: int, warps: int, min_blocks: int | None):
+    return torch.cuda._compile_kernel(kernel_source(gqa, page, warps, min_blocks), KERNEL_NAME,
+                                      nvcc_options=["-std=c++17"])
+
+
+def cuda_unsupported(q: torch.Tensor, kv: PagedKV, geo: KVGeometry, precision: str) -> str | None:
+    """Why the CUDA INT2-tier kernel cannot serve this call, or None when it can."""
+    if not q.is_cuda:
+        return "q is not on a CUDA device"
+    if torch.version.cuda is None or not hasattr(torch.cuda, "_compile_kernel"):
+        return "this torch has no NVRTC kernel compiler (torch.cuda._compile_kernel)"
+    if torch.cuda.get_device_capability(q.device) < (8, 0):
+        return "needs sm_80+ (bf16 mma.sync)"
+    checks = [(geo.head_dim == 128, f"head_dim {geo.head_dim} (needs 128)"),
+              (geo.group_size == geo.head_dim, "several (s, z) groups per row"),
+              (geo.key_bits == 2, f"{geo.key_bits}-bit keys"),
+              (geo.fp16_scales, "fp32 scales"),
+              (precision == "bf16", f"precision {precision!r} (needs 'bf16')"),
+              (q.shape[1] // geo.n_kv_heads <= 16, f"GQA ratio {q.shape[1] // geo.n_kv_heads} (needs <= 16)"),
+              (geo.int2_page_size >= 8, f"INT2 page size {geo.int2_page_size} (needs >= 8)"),
+              (kv.k_codes.stride() == kv.v_codes.stride() and kv.k_scales.stride() == kv.v_scales.stride(),
+               "K and V tiers with different strides")]
+    for ok, why in checks:
+        if not ok:
+            return why
+    c, s = kv.k_codes.stride(), kv.k_scales.stride()
+    aligned = (all(x % 8 == 0 for x in c[:3]) and c[3] == 1 and all(x % 2 == 0 for x in s[:3]) and s[3] == 1
+               and all(t.data_ptr() % 8 == 0 for t in (kv.k_codes, kv.v_codes, kv.k_scales, kv.v_scales)))
+    if not aligned:
+        return "code rows not 8-byte aligned or (s, z) pairs not 4-byte aligned"
+    return None
+
+
+def default_cuda_splits(batch: int, n_kv_heads: int, max_len: int | None, warps: int = 4,
+                        num_sms: int = 132) -> int:
+    """CTAs per (request, KV head): about 4 per SM, each warp keeping >= 4 steps of 32 tokens."""
+    splits = math.ceil(4 * num_sms / max(1, batch * n_kv_heads))
+    if max_len is not None:
+        splits = min(splits, max(1, math.ceil(max_len / (4 * STEP * warps))))
+    return max(1, min(256, splits))
+
+
+def int2_tier_cuda(q: torch.Tensor, kv: PagedKV, seg: Segments, mid_o: torch.Tensor, mid_lse: torch.Tensor,
+                   qk_scale: float, n_splits: int, warps: int = 4, min_blocks: int | None = None) -> None:
+    """Partials of the INT2 tier into rows [0, n_splits) of mid_o [B, Hq, total, 128] / mid_lse.
+
+    q [B, Hq, 128] in the rotated K basis (any float dtype; read as fp32).  Callers check
+    cuda_unsupported() first; this launcher checks only what the kernel would silently misread.
+    """
+    geo = kv.geometry()
+    b, hq, d = q.shape
+    gqa = hq // geo.n_kv_heads
+    if q.dtype != torch.float32 or q.stride(2) != 1:
+        q = q.float().contiguous()
+    table = seg.int2_page_table
+    if table.numel() == 0 or table.shape[1] == 0:
+        table = torch.zeros(b, 1, dtype=torch.int32, device=q.device)
+    total = mid_o.shape[2]
+    if not (mid_o.is_contiguous() and mid_lse.is_contiguous() and n_splits <= total):
+        raise ValueError("mid_o / mid_lse must be contiguous with at least n_splits rows per head")
+    if warps not in (1, 2, 4, 8):
+        raise ValueError(f"warps must be 1, 2, 4 or 8, got {warps}")
+    kernel = _kernel(gqa, geo.int2_page_size, warps, min_blocks)
+    c, s = kv.k_codes.stride(), kv.k_scales.stride()
+    kernel(grid=(b, geo.n_kv_heads, n_splits), block=(32 * warps, 1, 1),
+           args=[q, kv.k_codes, kv.k_scales, kv.v_codes, kv.v_scales, table, seg.int2_lens, mid_o, mid_lse,
+                 float(qk_scale), q.stride(0), q.stride(1), c[0], c[1], c[2], s[0], s[1], s[2], table.stride(0),
+                 hq, total, n_splits])

@@ -1,0 +1,68 @@
+"""The CUDA decode kernel (kernels/decode_cuda.py) compiles for sm_90 on a CPU host, without spills.
+
+It cannot run without a GPU (no interpreter for CUDA C++), so CI checks what can be checked here:
+every specialisation the launcher builds goes through NVRTC (the nvidia-cuda-nvrtc wheel of the dev
+extra, the same compiler torch.cuda._compile_kernel calls on the GPU host) to PTX for compute_90,
+then through Triton's bundled ptxas for sm_90; registers must fit the launch bounds with no local
+memory.  Its numbers are tested on the GPU (tests/gpu/test_kernels_gpu.py).
+"""
+
+import ctypes
+import importlib.util
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from oscar_ray.kernels import decode_cuda
+
+
+def _nvrtc():
+    spec = importlib.util.find_spec("nvidia.cuda_nvrtc")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("nvidia-cuda-nvrtc-cu12 (dev extra) not installed")
+    libs = sorted(Path(list(spec.submodule_search_locations)[0], "lib").glob("libnvrtc.so.*"))
+    return ctypes.CDLL(str(libs[0]))
+
+
+def _ptxas() -> str:
+    import triton
+    path = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    if not path.exists():
+        pytest.skip("triton wheel without a bundled ptxas")
+    return str(path)
+
+
+def _compile(lib, source: str) -> bytes:
+    prog = ctypes.c_void_p()
+    assert lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), b"decode.cu", 0, None, None) == 0
+    opts = [b"--gpu-architecture=compute_90", b"-std=c++17"]
+    res = lib.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
+    n = ctypes.c_size_t()
+    lib.nvrtcGetProgramLogSize(prog, ctypes.byref(n))
+    log = ctypes.create_string_buffer(n.value)
+    lib.nvrtcGetProgramLog(prog, log)
+    assert res == 0, log.value.decode()
+    lib.nvrtcGetPTXSize(prog, ctypes.byref(n))
+    ptx = ctypes.create_string_buffer(n.value)
+    lib.nvrtcGetPTX(prog, ptx)
+    lib.nvrtcDestroyProgram(ctypes.byref(prog))
+    return ptx.value
+
+
+@pytest.mark.parametrize("gqa, page, warps", [(1, 8, 4), (3, 16, 4), (4, 8, 4), (4, 64, 4), (8, 8, 4), (12, 8, 4),
+                                              (16, 32, 4), (4, 8, 8), (4, 8, 2)])
+def test_cuda_decode_compiles_for_sm90_without_spills(tmp_path, gqa, page, warps):
+    ptx = _compile(_nvrtc(), decode_cuda.kernel_source(gqa, page, warps))
+    assert decode_cuda.KERNEL_NAME.encode() in ptx
+    (tmp_path / "k.ptx").write_bytes(ptx)
+    out = subprocess.run([_ptxas(), "-arch=sm_90", "-v", "-o", str(tmp_path / "k.cubin"), str(tmp_path / "k.ptx")],
+                         capture_output=True, text=True, check=True)
+    info = out.stdout + out.stderr
+    regs = int(re.search(r"Used (\d+) registers", info).group(1))
+    spills = [int(x) for x in re.findall(r"(\d+) bytes spill (?:stores|loads)", info)]
+    stack = int(re.search(r"(\d+) bytes stack frame", info).group(1))
+    assert spills == [0, 0] and stack == 0, info
+    nt = -(-gqa // 8)
+    assert regs <= 65536 // (32 * warps * decode_cuda._min_blocks(nt, warps)), info
