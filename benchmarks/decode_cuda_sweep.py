@@ -2,8 +2,8 @@
 
     PYTHONPATH=. python3 benchmarks/decode_cuda_sweep.py --out cuda.md [--configs 4:0 8:0 4:24 ...]
 
-A config is warps:splits[:min_blocks] (splits 0: default_cuda_splits; min_blocks absent: the
-launcher's).  Per shape it times, in one call and with CUDA graphs over cold-L2 copies (as
+A config is warps:splits[:min_blocks[:shiftless]] (splits 0: default_cuda_splits; min_blocks absent
+or 0: the launcher's; shiftless 0: the shift-per-code unpack).  Per shape it times, in one call and with CUDA graphs over cold-L2 copies (as
 benchmarks/decode_attention.py): the Triton stage 1 (int2_kernel="triton", launcher defaults), each
 CUDA config, and torch SDPA over a BF16 cache.  Before timing it checks the CUDA path against the
 float64 reference and the Triton path at several GQA ratios, page sizes and lengths.
@@ -84,10 +84,11 @@ def sweep(batch: int, ctx: int, configs, args) -> list[list[str]]:
 
     run("triton", int2_kernel="triton")
     original = dec.int2_tier_cuda
-    for warps, splits, *minb in configs:
-        dec.int2_tier_cuda = partial(original, warps=warps, min_blocks=minb[0] if minb else None)
+    for warps, splits, *rest in configs:
+        minb, shiftless = (rest[0] if rest else 0) or None, bool(rest[1]) if len(rest) > 1 else True
+        dec.int2_tier_cuda = partial(original, warps=warps, min_blocks=minb, shiftless=shiftless)
         s = splits or decode_cuda.default_cuda_splits(batch, HKV, n2, warps)
-        run(f"cuda {warps}:{s}{':' + str(minb[0]) if minb else ''}", int2_kernel="cuda", num_splits=s)
+        run(f"cuda {warps}:{s}:{minb or 'default'}:{int(shiftless)}", int2_kernel="cuda", num_splits=s)
     dec.int2_tier_cuda = original
     del kv, seg
     kb, vb = (torch.randn(batch, HKV, ctx, D, device="cuda", dtype=torch.bfloat16) for _ in "kv")
@@ -121,9 +122,10 @@ def main() -> int:
         rows = check(args.seed)
         lines += ["## max |o − reference| (fp16 scales, bf16)", ""]
         lines += _table(["GQA", "page", "INT2 lens", "cuda (default / 1 / 7 splits)", "triton", "max |ref|"], rows)
-    for warps, _, *minb in configs:
-        k = decode_cuda._kernel(4, 8, warps, minb[0] if minb else None)
-        lines.append(f"- kernel warps {warps} min_blocks {minb or 'default'}: {func_attrs(k)}")
+    for warps, _, *rest in configs:
+        minb, shiftless = (rest[0] if rest else 0) or None, bool(rest[1]) if len(rest) > 1 else True
+        k = decode_cuda._kernel(4, 8, warps, minb, shiftless)
+        lines.append(f"- kernel warps {warps} min_blocks {minb or 'default'} shiftless {int(shiftless)}: {func_attrs(k)}")
     lines.append("")
     rows = []
     for shape in args.shapes:

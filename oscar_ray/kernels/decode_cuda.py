@@ -43,12 +43,34 @@ typedef unsigned int u32;
 #define PAGE __PAGE__
 #define WARPS __WARPS__
 #define MINB __MINB__
+#define SHIFTLESS __SHIFTLESS__
 #define D 128
 #define FULL 0xffffffffu
 #define NEG_INF __int_as_float(0xff800000)
 
-__device__ __forceinline__ u32 lop_codes(u32 x) {  // lanes (x & 3) | bf16(128): 128 + c, two at once
-    u32 r; asm("lop3.b32 %0, %1, 0x00030003, 0x43004300, 0xEA;" : "=r"(r) : "r"(x)); return r;
+template <u32 M> __device__ __forceinline__ u32 lopm(u32 x) {  // (x & M) | bf16(128) in both lanes
+    u32 r; asm("lop3.b32 %0, %1, %2, 0x43004300, 0xEA;" : "=r"(r) : "r"(x), "n"(M)); return r;
+}
+// code kk (bits 2kk, 2kk + 1) of the bytes in lanes 0 and 2 of x, as two bf16.  SHIFTLESS: masks in
+// place for kk = 0..2 give 128 + 4^kk·c (exact: <= 176, bf16 ulp 1 below 256), so 3 shifts per word
+// instead of 7; the 4^kk is divided out of q (keys) and of the output rows (values).  kk = 3 would
+// reach the exponent bit and is shifted down.
+__device__ __forceinline__ u32 code(u32 x, int kk) {
+#if SHIFTLESS
+    if (kk == 0) return lopm<0x00030003u>(x);
+    if (kk == 1) return lopm<0x000C000Cu>(x);
+    if (kk == 2) return lopm<0x00300030u>(x);
+    return lopm<0x00030003u>(x >> 6);
+#else
+    return lopm<0x00030003u>(x >> (2 * kk));
+#endif
+}
+__device__ __forceinline__ float code_scale(int kk) {  // 1 / 4^kk of code(): what q and o rows carry
+#if SHIFTLESS
+    return kk == 1 ? 0.25f : (kk == 2 ? 0.0625f : 1.0f);
+#else
+    return 1.0f;
+#endif
 }
 __device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 sel) {
     u32 r; asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel)); return r;
@@ -126,35 +148,46 @@ oscar_int2_decode_d128(const float* __restrict__ q, const unsigned char* __restr
     ks += (long long)kh * s_head; vs += (long long)kh * s_head;
 
     // q^T fragments (B operand) in the K permutation, pre-scaled and rounded to bf16 once
+    // qsum: Σq of the rounded q; qsum2: Σ of the fragments' values (q / 4^kk when SHIFTLESS), whose
+    // 128·qsum2 is the offset the MMA adds
     u32 qf[NT][8][2];
-    float qsum[NT][2];
+    float qsum[NT][2], qsum2[NT][2];
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
         const int h = nt * 8 + g;
         const float* qrow = q + (long long)b * sqb + (long long)(kh * G + (h < G ? h : 0)) * sqh;
         const float on = h < G ? qk_scale : 0.0f;
-        float part = 0.0f;
+        float part = 0.0f, part2 = 0.0f;
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
             const int base = 8 * t + 4 * (j >> 2) + 32 * (j & 3);
-            qf[nt][j][0] = pack_bf16(qrow[base] * on, qrow[base + 2] * on);
-            qf[nt][j][1] = pack_bf16(qrow[base + 1] * on, qrow[base + 3] * on);
-            part += bf16_lo(qf[nt][j][0]) + bf16_hi(qf[nt][j][0]) + bf16_lo(qf[nt][j][1]) + bf16_hi(qf[nt][j][1]);
+            const float f = code_scale(j & 3);
+            const u32 r0 = pack_bf16(qrow[base] * on, qrow[base + 2] * on);
+            const u32 r1 = pack_bf16(qrow[base + 1] * on, qrow[base + 3] * on);
+            const float x = bf16_lo(r0) + bf16_hi(r0) + bf16_lo(r1) + bf16_hi(r1);
+            part += x;
+            part2 += x * f;  // exact scaling by a power of two
+            qf[nt][j][0] = pack_bf16(bf16_lo(r0) * f, bf16_hi(r0) * f);
+            qf[nt][j][1] = pack_bf16(bf16_lo(r1) * f, bf16_hi(r1) * f);
         }
         part += __shfl_xor_sync(FULL, part, 1);
         part += __shfl_xor_sync(FULL, part, 2);  // Σq of head 8nt + g, in every lane of group g
+        part2 += __shfl_xor_sync(FULL, part2, 1);
+        part2 += __shfl_xor_sync(FULL, part2, 2);
         qsum[nt][0] = __shfl_sync(FULL, part, 8 * t);      // head 8nt + 2t
         qsum[nt][1] = __shfl_sync(FULL, part, 8 * t + 4);  // head 8nt + 2t + 1
+        qsum2[nt][0] = __shfl_sync(FULL, part2, 8 * t);
+        qsum2[nt][1] = __shfl_sync(FULL, part2, 8 * t + 4);
     }
 
     float acc[8][NT][4];
-    float m[NT][2], l[NT][2], corr[NT][2];
+    float m[NT][2], l[NT][2], lr[NT][2], zs[NT][2];  // lr = Σ P' (rounded), zs = Σ P'·z_V
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
         for (int i = 0; i < 8; ++i) acc[i][nt][0] = acc[i][nt][1] = acc[i][nt][2] = acc[i][nt][3] = 0.0f;
         m[nt][0] = m[nt][1] = NEG_INF;
-        l[nt][0] = l[nt][1] = corr[nt][0] = corr[nt][1] = 0.0f;
+        l[nt][0] = l[nt][1] = lr[nt][0] = lr[nt][1] = zs[nt][0] = zs[nt][1] = 0.0f;
     }
 
     Tile cur[2], nxt[2];
@@ -173,7 +206,7 @@ oscar_int2_decode_d128(const float* __restrict__ q, const unsigned char* __restr
         }
         // scores S^T[token, head] of both tiles
         float s[2][NT][4];
-        float vsc[2][2], vzc[2][2];  // V (s, z + 128) of tokens g, g + 8, 0 when masked
+        float vsc[2][2], vzc[2][2];  // V (s, z) of tokens g, g + 8, 0 when masked
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt) {
 #pragma unroll
@@ -184,8 +217,8 @@ oscar_int2_decode_d128(const float* __restrict__ q, const unsigned char* __restr
                 const u32 wh = w ? cur[mt].k_hi.y : cur[mt].k_hi.x;
 #pragma unroll
                 for (int kk = 0; kk < 4; ++kk) {
-                    const u32 a0 = lop_codes(wl >> (2 * kk)), a2 = lop_codes(wl >> (8 + 2 * kk));
-                    const u32 a1 = lop_codes(wh >> (2 * kk)), a3 = lop_codes(wh >> (8 + 2 * kk));
+                    const u32 a0 = code(wl, kk), a2 = code(wl >> 8, kk);
+                    const u32 a1 = code(wh, kk), a3 = code(wh >> 8, kk);
 #pragma unroll
                     for (int nt = 0; nt < NT; ++nt) mma(s[mt][nt], a0, a1, a2, a3, qf[nt][4 * w + kk][0], qf[nt][4 * w + kk][1]);
                 }
@@ -197,12 +230,12 @@ oscar_int2_decode_d128(const float* __restrict__ q, const unsigned char* __restr
                 const float2 kz = halves(cur[mt].ksz[r]);
                 const float2 vz = halves(cur[mt].vsz[r]);
                 vsc[mt][r] = ok ? vz.x : 0.0f;
-                vzc[mt][r] = ok ? vz.y + 128.0f : 0.0f;
+                vzc[mt][r] = ok ? vz.y : 0.0f;
 #pragma unroll
                 for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
                     for (int hh = 0; hh < 2; ++hh) {
-                        const float x = kz.x * (s[mt][nt][2 * r + hh] - (kz.y + 128.0f) * qsum[nt][hh]);
+                        const float x = kz.x * (s[mt][nt][2 * r + hh] - 128.0f * qsum2[nt][hh] - kz.y * qsum[nt][hh]);
                         s[mt][nt][2 * r + hh] = ok ? x : NEG_INF;
                     }
                 }
@@ -229,7 +262,9 @@ oscar_int2_decode_d128(const float* __restrict__ q, const unsigned char* __restr
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
-                for (int hh = 0; hh < 2; ++hh) { l[nt][hh] *= alpha[nt][hh]; corr[nt][hh] *= alpha[nt][hh]; }
+                for (int hh = 0; hh < 2; ++hh) {
+                    l[nt][hh] *= alpha[nt][hh]; lr[nt][hh] *= alpha[nt][hh]; zs[nt][hh] *= alpha[nt][hh];
+                }
 #pragma unroll
                 for (int i = 0; i < 8; ++i) {
                     acc[i][nt][0] *= alpha[nt][0]; acc[i][nt][2] *= alpha[nt][0];
@@ -252,9 +287,11 @@ oscar_int2_decode_d128(const float* __restrict__ q, const unsigned char* __restr
                     ps[c] = p * vsc[mt][r];
                 }
                 const u32 lo = pack_bf16(ps[0], ps[1]), hi = pack_bf16(ps[2], ps[3]);
-                // Σ p s (z + 128) with the rounded P' the MMA sees
-                corr[nt][0] += bf16_lo(lo) * vzc[mt][0] + bf16_lo(hi) * vzc[mt][1];
-                corr[nt][1] += bf16_hi(lo) * vzc[mt][0] + bf16_hi(hi) * vzc[mt][1];
+                // the offsets with the rounded P' the MMA sees: Σ P' (for the 128) and Σ P'·z
+                lr[nt][0] += bf16_lo(lo) + bf16_lo(hi);
+                lr[nt][1] += bf16_hi(lo) + bf16_hi(hi);
+                zs[nt][0] += bf16_lo(lo) * vzc[mt][0] + bf16_lo(hi) * vzc[mt][1];
+                zs[nt][1] += bf16_hi(lo) * vzc[mt][0] + bf16_hi(hi) * vzc[mt][1];
                 b0[nt] = trans8(lo);  // P'^T rows (tokens 2t, 2t + 1), column head g
                 b1[nt] = trans8(hi);  // tokens 2t + 8, 2t + 9
             }
@@ -262,10 +299,8 @@ oscar_int2_decode_d128(const float* __restrict__ q, const unsigned char* __restr
             const u32 xh = prmt(cur[mt].v[2], cur[mt].v[3], 0x5410), yh = prmt(cur[mt].v[2], cur[mt].v[3], 0x7632);
 #pragma unroll
             for (int kk = 0; kk < 4; ++kk) {
-                const u32 a0 = lop_codes(xl >> (2 * kk)), a1 = lop_codes(xl >> (8 + 2 * kk));
-                const u32 a2 = lop_codes(xh >> (2 * kk)), a3 = lop_codes(xh >> (8 + 2 * kk));
-                const u32 e0 = lop_codes(yl >> (2 * kk)), e1 = lop_codes(yl >> (8 + 2 * kk));
-                const u32 e2 = lop_codes(yh >> (2 * kk)), e3 = lop_codes(yh >> (8 + 2 * kk));
+                const u32 a0 = code(xl, kk), a1 = code(xl >> 8, kk), a2 = code(xh, kk), a3 = code(xh >> 8, kk);
+                const u32 e0 = code(yl, kk), e1 = code(yl >> 8, kk), e2 = code(yh, kk), e3 = code(yh >> 8, kk);
 #pragma unroll
                 for (int nt = 0; nt < NT; ++nt) {
                     mma(acc[2 * kk][nt], a0, a1, a2, a3, b0[nt], b1[nt]);
@@ -276,7 +311,7 @@ oscar_int2_decode_d128(const float* __restrict__ q, const unsigned char* __restr
         if (n1 < end) { cur[0] = nxt[0]; cur[1] = nxt[1]; }
     }
 
-    // per-warp state -> shared memory: l and corr summed over the 8 token rows (lanes g)
+    // per-warp state -> shared memory: l, lr, zs summed over the 8 token rows (lanes g)
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
@@ -284,7 +319,8 @@ oscar_int2_decode_d128(const float* __restrict__ q, const unsigned char* __restr
 #pragma unroll
             for (int off = 4; off < 32; off <<= 1) {
                 l[nt][hh] += __shfl_xor_sync(FULL, l[nt][hh], off);
-                corr[nt][hh] += __shfl_xor_sync(FULL, corr[nt][hh], off);
+                lr[nt][hh] += __shfl_xor_sync(FULL, lr[nt][hh], off);
+                zs[nt][hh] += __shfl_xor_sync(FULL, zs[nt][hh], off);
             }
             const int h = nt * 8 + 2 * t + hh;
             if (g == 0) { sh_m[warp][h] = m[nt][hh]; sh_l[warp][h] = l[nt][hh]; }
@@ -292,10 +328,11 @@ oscar_int2_decode_d128(const float* __restrict__ q, const unsigned char* __restr
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
             const int d = 4 * g + 2 * (i & 1) + 32 * (i >> 1);
+            const float f = 1.0f / code_scale(i >> 1);  // d-tile i holds code i >> 1 of its bytes
 #pragma unroll
             for (int c = 0; c < 4; ++c) {
-                const int hh = c & 1, r = c >> 1;
-                sh_o[warp][nt * 8 + 2 * t + hh][d + r] = acc[i][nt][c] - corr[nt][hh];
+                const int hh = c & 1, r = c >> 1;  // Σ P'(c − z) = (acc − 128 Σ P') / 4^kk − Σ P' z
+                sh_o[warp][nt * 8 + 2 * t + hh][d + r] = (acc[i][nt][c] - 128.0f * lr[nt][hh]) * f - zs[nt][hh];
             }
         }
     }
@@ -328,17 +365,19 @@ def _min_blocks(nt: int, warps: int) -> int:
     return max(1, (12 if nt == 1 else 8) // warps)
 
 
-def kernel_source(gqa: int, page: int, warps: int, min_blocks: int | None = None) -> str:
-    """CUDA source of one specialisation (GQA ratio, INT2 page size, warps per CTA, min CTAs per SM)."""
+def kernel_source(gqa: int, page: int, warps: int, min_blocks: int | None = None, shiftless: bool = True) -> str:
+    """CUDA source of one specialisation (GQA ratio, INT2 page size, warps per CTA, min CTAs per SM,
+    the in-place code masks of code())."""
     nt = -(-gqa // 8)
     min_blocks = min_blocks or _min_blocks(nt, warps)
     return (_SOURCE.replace("__NT__", str(nt)).replace("__G__", str(gqa)).replace("__PAGE__", str(page))
-            .replace("__WARPS__", str(warps)).replace("__MINB__", str(min_blocks)))
+            .replace("__WARPS__", str(warps)).replace("__MINB__", str(min_blocks))
+            .replace("__SHIFTLESS__", str(int(shiftless))))
 
 
 @functools.lru_cache(maxsize=None)
-def _kernel(gqa: int, page: int, warps: int, min_blocks: int | None):
-    return torch.cuda._compile_kernel(kernel_source(gqa, page, warps, min_blocks), KERNEL_NAME,
+def _kernel(gqa: int, page: int, warps: int, min_blocks: int | None, shiftless: bool = True):
+    return torch.cuda._compile_kernel(kernel_source(gqa, page, warps, min_blocks, shiftless), KERNEL_NAME,
                                       nvcc_options=["-std=c++17"])
 
 
@@ -380,7 +419,8 @@ def default_cuda_splits(batch: int, n_kv_heads: int, max_len: int | None, warps:
 
 
 def int2_tier_cuda(q: torch.Tensor, kv: PagedKV, seg: Segments, mid_o: torch.Tensor, mid_lse: torch.Tensor,
-                   qk_scale: float, n_splits: int, warps: int = 4, min_blocks: int | None = None) -> None:
+                   qk_scale: float, n_splits: int, warps: int = 4, min_blocks: int | None = None,
+                   shiftless: bool = True) -> None:
     """Partials of the INT2 tier into rows [0, n_splits) of mid_o [B, Hq, total, 128] / mid_lse.
 
     q [B, Hq, 128] in the rotated K basis (any float dtype; read as fp32).  Callers check
@@ -399,7 +439,7 @@ def int2_tier_cuda(q: torch.Tensor, kv: PagedKV, seg: Segments, mid_o: torch.Ten
         raise ValueError("mid_o / mid_lse must be contiguous with at least n_splits rows per head")
     if warps not in (1, 2, 4, 8):
         raise ValueError(f"warps must be 1, 2, 4 or 8, got {warps}")
-    kernel = _kernel(gqa, geo.int2_page_size, warps, min_blocks)
+    kernel = _kernel(gqa, geo.int2_page_size, warps, min_blocks, shiftless)
     c, s = kv.k_codes.stride(), kv.k_scales.stride()
     kernel(grid=(b, geo.n_kv_heads, n_splits), block=(32 * warps, 1, 1),
            args=[q, kv.k_codes, kv.k_scales, kv.v_codes, kv.v_scales, table, seg.int2_lens, mid_o, mid_lse,
