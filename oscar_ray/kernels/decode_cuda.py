@@ -44,6 +44,8 @@ typedef unsigned int u32;
 #define WARPS __WARPS__
 #define MINB __MINB__
 #define SHIFTLESS __SHIFTLESS__
+#define C_TOK __C_TOK__
+#define S_TOK __S_TOK__
 #define D 128
 #define FULL 0xffffffffu
 #define NEG_INF __int_as_float(0xff800000)
@@ -104,26 +106,35 @@ struct Tile {  // one 16-token tile's bytes as this thread's fragments need them
     u32 ksz[2], vsz[2];  // (s, z) fp16 of tokens g, g + 8
 };
 
+// kq / vq / ksq / vsq: this thread's first byte / element in page 0 (K codes of token g at byte 8t,
+// V codes of token 2t at byte 4g, (s, z) of token g), so a load is one IMAD.WIDE per page and
+// tensor plus an immediate offset (C_TOK / S_TOK are compile-time): 8 per tile instead of ~35
 __device__ __forceinline__ void load_tile(Tile& T, int n, int end, const int* __restrict__ trow,
-        const unsigned char* __restrict__ kc, const unsigned short* __restrict__ ks,
-        const unsigned char* __restrict__ vc, const unsigned short* __restrict__ vs,
-        int c_page, int c_tok, int s_page, int s_tok, int g, int t) {
+        const unsigned char* __restrict__ kq, const unsigned short* __restrict__ ksq,
+        const unsigned char* __restrict__ vq, const unsigned short* __restrict__ vsq, int c_page, int s_page) {
     // n % 16 == 0 and PAGE >= 8: tokens n .. n + 7 share a page, and so do n + 8 .. n + 15
     const int p_lo = trow[n / PAGE];
     const int p_hi = (PAGE >= 16 || n + 8 >= end) ? p_lo : trow[(n + 8) / PAGE];
-    const int o_lo = n % PAGE, o_hi = (PAGE >= 16) ? o_lo + 8 : 0;
-    const long long cl = (long long)p_lo * c_page, ch = (long long)p_hi * c_page;
-    const long long sl = (long long)p_lo * s_page, sh = (long long)p_hi * s_page;
-    T.k_lo = *(const uint2*)(kc + cl + (o_lo + g) * c_tok + 8 * t);
-    T.k_hi = *(const uint2*)(kc + ch + (o_hi + g) * c_tok + 8 * t);
-    T.v[0] = *(const u32*)(vc + cl + (o_lo + 2 * t) * c_tok + 4 * g);
-    T.v[1] = *(const u32*)(vc + cl + (o_lo + 2 * t + 1) * c_tok + 4 * g);
-    T.v[2] = *(const u32*)(vc + ch + (o_hi + 2 * t) * c_tok + 4 * g);
-    T.v[3] = *(const u32*)(vc + ch + (o_hi + 2 * t + 1) * c_tok + 4 * g);
-    T.ksz[0] = *(const u32*)(ks + sl + (o_lo + g) * s_tok);
-    T.ksz[1] = *(const u32*)(ks + sh + (o_hi + g) * s_tok);
-    T.vsz[0] = *(const u32*)(vs + sl + (o_lo + g) * s_tok);
-    T.vsz[1] = *(const u32*)(vs + sh + (o_hi + g) * s_tok);
+    const int o_lo = PAGE <= 16 ? 0 : n % PAGE;  // PAGE 8 / 16: n is a page (half-page) start
+    const int o_hi = PAGE >= 16 ? 8 : 0;
+    const unsigned char* kl = kq + (long long)p_lo * c_page + o_lo * C_TOK;
+    const unsigned char* kh_ = kq + (long long)p_hi * c_page + o_lo * C_TOK;
+    const unsigned char* vl = vq + (long long)p_lo * c_page + o_lo * C_TOK;
+    const unsigned char* vh = vq + (long long)p_hi * c_page + o_lo * C_TOK;
+    const unsigned short* ksl = ksq + (long long)p_lo * s_page + o_lo * S_TOK;
+    const unsigned short* ksh = ksq + (long long)p_hi * s_page + o_lo * S_TOK;
+    const unsigned short* vsl = vsq + (long long)p_lo * s_page + o_lo * S_TOK;
+    const unsigned short* vsh = vsq + (long long)p_hi * s_page + o_lo * S_TOK;
+    T.k_lo = *(const uint2*)(kl);
+    T.k_hi = *(const uint2*)(kh_ + o_hi * C_TOK);
+    T.v[0] = *(const u32*)(vl);
+    T.v[1] = *(const u32*)(vl + C_TOK);
+    T.v[2] = *(const u32*)(vh + o_hi * C_TOK);
+    T.v[3] = *(const u32*)(vh + (o_hi + 1) * C_TOK);
+    T.ksz[0] = *(const u32*)(ksl);
+    T.ksz[1] = *(const u32*)(ksh + o_hi * S_TOK);
+    T.vsz[0] = *(const u32*)(vsl);
+    T.vsz[1] = *(const u32*)(vsh + o_hi * S_TOK);
 }
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32, MINB)
@@ -131,7 +142,7 @@ oscar_int2_decode_d128(const float* __restrict__ q, const unsigned char* __restr
         const unsigned short* __restrict__ ks, const unsigned char* __restrict__ vc,
         const unsigned short* __restrict__ vs, const int* __restrict__ table, const int* __restrict__ lens,
         float* __restrict__ mid_o, float* __restrict__ mid_lse, double qk_scale_d, int sqb, int sqh,
-        int c_page, int c_tok, int c_head, int s_page, int s_tok, int s_head, int s_table, int n_q_heads,
+        int c_page, int c_head, int s_page, int s_head, int s_table, int n_q_heads,
         int total_splits, int n_splits) {
     __shared__ float sh_o[WARPS][8 * NT][D];
     __shared__ float sh_m[WARPS][8 * NT], sh_l[WARPS][8 * NT];
@@ -144,8 +155,10 @@ oscar_int2_decode_d128(const float* __restrict__ q, const unsigned char* __restr
     const int start = split * split_len;
     const int end = min(start + split_len, seq_len);
     const int* trow = table + (long long)b * s_table;
-    kc += (long long)kh * c_head; vc += (long long)kh * c_head;
-    ks += (long long)kh * s_head; vs += (long long)kh * s_head;
+    const unsigned char* kq = kc + (long long)kh * c_head + g * C_TOK + 8 * t;
+    const unsigned char* vq = vc + (long long)kh * c_head + 2 * t * C_TOK + 4 * g;
+    const unsigned short* ksq = ks + (long long)kh * s_head + g * S_TOK;
+    const unsigned short* vsq = vs + (long long)kh * s_head + g * S_TOK;
 
     // q^T fragments (B operand) in the K permutation, pre-scaled and rounded to bf16 once
     // qsum: Σq of the rounded q; qsum2: Σ of the fragments' values (q / 4^kk when SHIFTLESS), whose
@@ -193,15 +206,15 @@ oscar_int2_decode_d128(const float* __restrict__ q, const unsigned char* __restr
     Tile cur[2], nxt[2];
     int n0 = start + warp * 32;
     if (n0 < end) {
-        load_tile(cur[0], n0, end, trow, kc, ks, vc, vs, c_page, c_tok, s_page, s_tok, g, t);
-        if (n0 + 16 < end) load_tile(cur[1], n0 + 16, end, trow, kc, ks, vc, vs, c_page, c_tok, s_page, s_tok, g, t);
+        load_tile(cur[0], n0, end, trow, kq, ksq, vq, vsq, c_page, s_page);
+        if (n0 + 16 < end) load_tile(cur[1], n0 + 16, end, trow, kq, ksq, vq, vsq, c_page, s_page);
         else cur[1] = cur[0];
     }
     for (; n0 < end; n0 += WARPS * 32) {
         const int n1 = n0 + WARPS * 32;
         if (n1 < end) {
-            load_tile(nxt[0], n1, end, trow, kc, ks, vc, vs, c_page, c_tok, s_page, s_tok, g, t);
-            if (n1 + 16 < end) load_tile(nxt[1], n1 + 16, end, trow, kc, ks, vc, vs, c_page, c_tok, s_page, s_tok, g, t);
+            load_tile(nxt[0], n1, end, trow, kq, ksq, vq, vsq, c_page, s_page);
+            if (n1 + 16 < end) load_tile(nxt[1], n1 + 16, end, trow, kq, ksq, vq, vsq, c_page, s_page);
             else nxt[1] = nxt[0];
         }
         // scores S^T[token, head] of both tiles
@@ -365,20 +378,23 @@ def _min_blocks(nt: int, warps: int) -> int:
     return max(1, (12 if nt == 1 else 8) // warps)
 
 
-def kernel_source(gqa: int, page: int, warps: int, min_blocks: int | None = None, shiftless: bool = True) -> str:
+def kernel_source(gqa: int, page: int, warps: int, min_blocks: int | None = None, shiftless: bool = True,
+                  code_tok: int = 256, scale_tok: int = 16) -> str:
     """CUDA source of one specialisation (GQA ratio, INT2 page size, warps per CTA, min CTAs per SM,
-    the in-place code masks of code())."""
+    the in-place code masks of code(), the token strides of codes (bytes) and scales (elements))."""
     nt = -(-gqa // 8)
     min_blocks = min_blocks or _min_blocks(nt, warps)
     return (_SOURCE.replace("__NT__", str(nt)).replace("__G__", str(gqa)).replace("__PAGE__", str(page))
             .replace("__WARPS__", str(warps)).replace("__MINB__", str(min_blocks))
-            .replace("__SHIFTLESS__", str(int(shiftless))))
+            .replace("__SHIFTLESS__", str(int(shiftless))).replace("__C_TOK__", str(code_tok))
+            .replace("__S_TOK__", str(scale_tok)))
 
 
 @functools.lru_cache(maxsize=None)
-def _kernel(gqa: int, page: int, warps: int, min_blocks: int | None, shiftless: bool = True):
-    return torch.cuda._compile_kernel(kernel_source(gqa, page, warps, min_blocks, shiftless), KERNEL_NAME,
-                                      nvcc_options=["-std=c++17"])
+def _kernel(gqa: int, page: int, warps: int, min_blocks: int | None, shiftless: bool = True, code_tok: int = 256,
+            scale_tok: int = 16):
+    return torch.cuda._compile_kernel(kernel_source(gqa, page, warps, min_blocks, shiftless, code_tok, scale_tok),
+                                      KERNEL_NAME, nvcc_options=["-std=c++17"])
 
 
 def cuda_unsupported(q: torch.Tensor, kv: PagedKV, geo: KVGeometry, precision: str) -> str | None:
@@ -439,9 +455,9 @@ def int2_tier_cuda(q: torch.Tensor, kv: PagedKV, seg: Segments, mid_o: torch.Ten
         raise ValueError("mid_o / mid_lse must be contiguous with at least n_splits rows per head")
     if warps not in (1, 2, 4, 8):
         raise ValueError(f"warps must be 1, 2, 4 or 8, got {warps}")
-    kernel = _kernel(gqa, geo.int2_page_size, warps, min_blocks, shiftless)
     c, s = kv.k_codes.stride(), kv.k_scales.stride()
+    kernel = _kernel(gqa, geo.int2_page_size, warps, min_blocks, shiftless, c[1], s[1])
     kernel(grid=(b, geo.n_kv_heads, n_splits), block=(32 * warps, 1, 1),
            args=[q, kv.k_codes, kv.k_scales, kv.v_codes, kv.v_scales, table, seg.int2_lens, mid_o, mid_lse,
-                 float(qk_scale), q.stride(0), q.stride(1), c[0], c[1], c[2], s[0], s[1], s[2], table.stride(0),
+                 float(qk_scale), q.stride(0), q.stride(1), c[0], c[2], s[0], s[2], table.stride(0),
                  hq, total, n_splits])
