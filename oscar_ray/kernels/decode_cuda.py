@@ -203,20 +203,8 @@ oscar_int2_decode_d128(const float* __restrict__ q, const unsigned char* __restr
         l[nt][0] = l[nt][1] = lr[nt][0] = lr[nt][1] = zs[nt][0] = zs[nt][1] = 0.0f;
     }
 
-    Tile cur[2], nxt[2];
-    int n0 = start + warp * 32;
-    if (n0 < end) {
-        load_tile(cur[0], n0, end, trow, kq, ksq, vq, vsq, c_page, s_page);
-        if (n0 + 16 < end) load_tile(cur[1], n0 + 16, end, trow, kq, ksq, vq, vsq, c_page, s_page);
-        else cur[1] = cur[0];
-    }
-    for (; n0 < end; n0 += WARPS * 32) {
-        const int n1 = n0 + WARPS * 32;
-        if (n1 < end) {
-            load_tile(nxt[0], n1, end, trow, kq, ksq, vq, vsq, c_page, s_page);
-            if (n1 + 16 < end) load_tile(nxt[1], n1 + 16, end, trow, kq, ksq, vq, vsq, c_page, s_page);
-            else nxt[1] = nxt[0];
-        }
+    // one 32-token step (two tiles) of this warp: scores, online softmax, P'·V
+    auto process = [&](const Tile (&T)[2], const int n0) {
         // scores S^T[token, head] of both tiles
         float s[2][NT][4];
         float vsc[2][2], vzc[2][2];  // V (s, z) of tokens g, g + 8, 0 when masked
@@ -226,8 +214,8 @@ oscar_int2_decode_d128(const float* __restrict__ q, const unsigned char* __restr
             for (int nt = 0; nt < NT; ++nt) s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.0f;
 #pragma unroll
             for (int w = 0; w < 2; ++w) {
-                const u32 wl = w ? cur[mt].k_lo.y : cur[mt].k_lo.x;
-                const u32 wh = w ? cur[mt].k_hi.y : cur[mt].k_hi.x;
+                const u32 wl = w ? T[mt].k_lo.y : T[mt].k_lo.x;
+                const u32 wh = w ? T[mt].k_hi.y : T[mt].k_hi.x;
 #pragma unroll
                 for (int kk = 0; kk < 4; ++kk) {
                     const u32 a0 = code(wl, kk), a2 = code(wl >> 8, kk);
@@ -240,8 +228,8 @@ oscar_int2_decode_d128(const float* __restrict__ q, const unsigned char* __restr
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
                 const bool ok = tok + 8 * r < end;
-                const float2 kz = halves(cur[mt].ksz[r]);
-                const float2 vz = halves(cur[mt].vsz[r]);
+                const float2 kz = halves(T[mt].ksz[r]);
+                const float2 vz = halves(T[mt].vsz[r]);
                 vsc[mt][r] = ok ? vz.x : 0.0f;
                 vzc[mt][r] = ok ? vz.y : 0.0f;
 #pragma unroll
@@ -308,8 +296,8 @@ oscar_int2_decode_d128(const float* __restrict__ q, const unsigned char* __restr
                 b0[nt] = trans8(lo);  // P'^T rows (tokens 2t, 2t + 1), column head g
                 b1[nt] = trans8(hi);  // tokens 2t + 8, 2t + 9
             }
-            const u32 xl = prmt(cur[mt].v[0], cur[mt].v[1], 0x5410), yl = prmt(cur[mt].v[0], cur[mt].v[1], 0x7632);
-            const u32 xh = prmt(cur[mt].v[2], cur[mt].v[3], 0x5410), yh = prmt(cur[mt].v[2], cur[mt].v[3], 0x7632);
+            const u32 xl = prmt(T[mt].v[0], T[mt].v[1], 0x5410), yl = prmt(T[mt].v[0], T[mt].v[1], 0x7632);
+            const u32 xh = prmt(T[mt].v[2], T[mt].v[3], 0x5410), yh = prmt(T[mt].v[2], T[mt].v[3], 0x7632);
 #pragma unroll
             for (int kk = 0; kk < 4; ++kk) {
                 const u32 a0 = code(xl, kk), a1 = code(xl >> 8, kk), a2 = code(xh, kk), a3 = code(xh >> 8, kk);
@@ -321,7 +309,23 @@ oscar_int2_decode_d128(const float* __restrict__ q, const unsigned char* __restr
                 }
             }
         }
-        if (n1 < end) { cur[0] = nxt[0]; cur[1] = nxt[1]; }
+    };
+    auto load_step = [&](Tile (&T)[2], const int n) {
+        load_tile(T[0], n, end, trow, kq, ksq, vq, vsq, c_page, s_page);
+        if (n + 16 < end) load_tile(T[1], n + 16, end, trow, kq, ksq, vq, vsq, c_page, s_page);
+        else T[1] = T[0];  // masked: all its tokens are >= end
+    };
+    // two register buffers in ping-pong: the next step's bytes are in flight while this one computes
+    Tile ta[2], tb[2];
+    const int stride = WARPS * 32;
+    if (start + warp * 32 < end) load_step(ta, start + warp * 32);
+    for (int n0 = start + warp * 32; n0 < end; n0 += 2 * stride) {
+        const int n1 = n0 + stride;
+        if (n1 < end) load_step(tb, n1);
+        process(ta, n0);
+        if (n1 >= end) break;
+        if (n1 + stride < end) load_step(ta, n1 + stride);
+        process(tb, n1);
     }
 
     // per-warp state -> shared memory: l, lr, zs summed over the 8 token rows (lanes g)
