@@ -345,7 +345,7 @@ oscar_int2_decode_d128(const float* __restrict__ q, const unsigned char* __restr
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
             const int d = 4 * g + 2 * (i & 1) + 32 * (i >> 1);
-            const float f = 1.0f / code_scale(i >> 1);  // d-tile i holds code i >> 1 of its bytes
+            const float f = code_scale(i >> 1);  // d-tile i holds code i >> 1 of its bytes, times 4^(i >> 1)
 #pragma unroll
             for (int c = 0; c < 4; ++c) {
                 const int hh = c & 1, r = c >> 1;  // Σ P'(c − z) = (acc − 128 Σ P') / 4^kk − Σ P' z
