@@ -28,6 +28,7 @@ import triton
 from oscar_ray.kernels import (bf16_write, bf16_write_kv, default_num_splits, demote_pages, demote_pages_kv,
                                int2_decode_attention, int2_extend_attention, int2_write, int2_write_kv)
 from oscar_ray.kernels.decode_attention import default_block_n
+from oscar_ray.kernels.decode_cuda import cuda_unsupported, default_cuda_splits
 from oscar_ray.kernels.synthetic import random_mixed_cache
 
 HQ, HKV, D, PAGE = 32, 8, 128, 8  # Qwen3-8B attention geometry
@@ -102,7 +103,11 @@ def bench_decode(batch: int, ctx: int, args, device: str) -> list[str] | None:
     kv, seg = random_mixed_cache([n2] * batch, [SINK + RECENT] * batch, HKV, D, scale_dtype=args.scale_dtype,
                                  device=device, key_bits=args.key_bits)
     block_n = args.block_n or default_block_n(batch, HKV, n2)
-    splits = args.num_splits or default_num_splits(batch, HKV, n2, block_n=block_n)
+    # the INT2 tier's launcher default: the CUDA kernel has its own split rule
+    cuda = args.int2_kernel != "triton" and cuda_unsupported(
+        torch.empty(1, HQ, D, device=device), kv, kv.geometry(), args.precision) is None
+    splits = args.num_splits or (default_cuda_splits(batch, HKV, n2) if cuda else
+                                 default_num_splits(batch, HKV, n2, block_n=block_n))
     q = torch.randn(batch, HQ, D, device=device)
     # the fused ring write (the torch engine's decode launch): the new token's K/V row, fp32 as the
     # engine's rotated rows are, stored into each request's last BF16-tier slot by the same launch
@@ -114,6 +119,7 @@ def bench_decode(batch: int, ctx: int, args, device: str) -> list[str] | None:
         return [lambda c=c: int2_decode_attention(q, c[0], c[1], num_splits=splits, block_n=block_n,
                                                   num_warps=args.num_warps, num_stages=args.num_stages,
                                                   precision=args.precision, max_registers=args.max_registers,
+                                                  int2_kernel=args.int2_kernel,
                                                   append_k=new_k if append else None,
                                                   append_v=new_v if append else None)
                 for c in caches]
@@ -134,7 +140,7 @@ def bench_decode(batch: int, ctx: int, args, device: str) -> list[str] | None:
     del kb, vb
     gbs = ours_bytes / t_ours[1] / 1e3
     return [str(batch), str(ctx), _fmt(t_ours), f"{gbs:.0f}", f"{100 * gbs / args.peak_gbs:.0f}%",
-            f"{splits} / {block_n}",
+            f"{splits} / {'cuda' if cuda else block_n}",
             f"{_fmt(t_sdpa)} {backend}", f"{sdpa_bytes / t_sdpa[1] / 1e3:.0f}", f"{t_sdpa[1] / t_ours[1]:.2f}×",
             _fmt(t_fused), f"{t_fused[1] - t_ours[1]:+.1f}"]
 
@@ -302,6 +308,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--num-stages", type=int, default=3)
     p.add_argument("--max-registers", type=int, default=None,
                    help="ptxas maxnreg for the INT2 stage-1 kernel (0: ptxas; default: the launcher's)")
+    p.add_argument("--int2-kernel", default="auto", choices=["auto", "triton", "cuda"],
+                   help="who computes the INT2 tier (int2_decode_attention's int2_kernel)")
     p.add_argument("--peak-gbs", type=float, default=4600.0, help="HBM bandwidth for the %% column (H200)")
     args = p.parse_args(argv)
     args.scale_dtype = getattr(torch, args.scale_dtype)
@@ -330,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
         f"- torch {torch.__version__}, triton {triton.__version__}, commit {_commit()},"
         f" python {sys.version.split()[0]}",
         f"- geometry: {HQ} q heads, {HKV} KV heads, d {D}, page {PAGE}; BF16 sink {SINK} + recent {RECENT} tokens,"
-        f" INT2 rest ({args.key_bits}-bit keys); scales {str(args.scale_dtype).split('.')[-1]}; decode precision {args.precision},"
+        f" INT2 rest ({args.key_bits}-bit keys); scales {str(args.scale_dtype).split('.')[-1]}; decode precision {args.precision}, INT2 tier kernel {args.int2_kernel},"
         f" block_n {args.block_n or 'default_block_n'}, warps {args.num_warps} (writes {args.write_warps or 'launcher default'}),"
         f" stages {args.num_stages},"
         f" maxnreg {'launcher default' if args.max_registers is None else args.max_registers or 'ptxas'}",
