@@ -412,7 +412,7 @@ def cuda_unsupported(q: torch.Tensor, kv: PagedKV, geo: KVGeometry, precision: s
     checks = [(geo.head_dim == 128, f"head_dim {geo.head_dim} (needs 128)"),
               (geo.group_size == geo.head_dim, "several (s, z) groups per row"),
               (geo.key_bits == 2, f"{geo.key_bits}-bit keys"),
-              (geo.fp16_scales, "fp32 scales"),
+              (geo.scale_fp16, "fp32 scales"),
               (precision == "bf16", f"precision {precision!r} (needs 'bf16')"),
               (q.shape[1] // geo.n_kv_heads <= 16, f"GQA ratio {q.shape[1] // geo.n_kv_heads} (needs <= 16)"),
               (geo.int2_page_size >= 8, f"INT2 page size {geo.int2_page_size} (needs >= 8)"),
