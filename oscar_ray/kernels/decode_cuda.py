@@ -431,8 +431,12 @@ def cuda_unsupported(q: torch.Tensor, kv: PagedKV, geo: KVGeometry, precision: s
 
 def default_cuda_splits(batch: int, n_kv_heads: int, max_len: int | None, warps: int = 4,
                         num_sms: int = 132) -> int:
-    """CTAs per (request, KV head): about 4 per SM, each warp keeping >= 4 steps of 32 tokens."""
-    splits = math.ceil(4 * num_sms / max(1, batch * n_kv_heads))
+    """CTAs per (request, KV head): two waves of the 3 resident 4-warp CTAs per SM (164 registers),
+    rounded down, each CTA keeping >= 512 tokens.  H200 sweep (decode_h200.md), bs 8 x 128K:
+    12 splits 365.7 µs, 18 371.4, 24 372.7, 32 404.0, 9 445.0 (1.45 waves: a ragged tail);
+    bs 32 x 128K: 3 splits 1466.1, 6 1491.6, 8 1571.4; bs 1 x 16K: 32 (the 512-token cap) 19.6,
+    128 26.2, 8 38.6."""
+    splits = (2 * 3 * num_sms * 4 // max(1, warps)) // max(1, batch * n_kv_heads)
     if max_len is not None:
         splits = min(splits, max(1, math.ceil(max_len / (4 * STEP * warps))))
     return max(1, min(256, splits))
