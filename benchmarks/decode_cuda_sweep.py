@@ -2,8 +2,8 @@
 
     PYTHONPATH=. python3 benchmarks/decode_cuda_sweep.py --out cuda.md [--configs 4:0 8:0 4:24 ...]
 
-A config is warps:splits[:min_blocks[:shiftless]] (splits 0: default_cuda_splits; min_blocks absent
-or 0: the launcher's; shiftless 0: the shift-per-code unpack).  Per shape it times, in one call and with CUDA graphs over cold-L2 copies (as
+A config is warps:splits[:min_blocks[:shiftless[:pipe]]] (splits 0: default_cuda_splits; min_blocks absent
+or 0: the launcher's; shiftless 0: the shift-per-code unpack; pipe P >= 3: cp.async ring of P steps).  Per shape it times, in one call and with CUDA graphs over cold-L2 copies (as
 benchmarks/decode_attention.py): the Triton stage 1 (int2_kernel="triton", launcher defaults), each
 CUDA config, and torch SDPA over a BF16 cache.  Before timing it checks the CUDA path against the
 float64 reference and the Triton path at several GQA ratios, page sizes and lengths.
@@ -86,9 +86,10 @@ def sweep(batch: int, ctx: int, configs, args) -> list[list[str]]:
     original = dec.int2_tier_cuda
     for warps, splits, *rest in configs:
         minb, shiftless = (rest[0] if rest else 0) or None, bool(rest[1]) if len(rest) > 1 else True
-        dec.int2_tier_cuda = partial(original, warps=warps, min_blocks=minb, shiftless=shiftless)
+        pipe = rest[2] if len(rest) > 2 else decode_cuda.DEFAULT_PIPE
+        dec.int2_tier_cuda = partial(original, warps=warps, min_blocks=minb, shiftless=shiftless, pipe=pipe)
         s = splits or decode_cuda.default_cuda_splits(batch, HKV, n2, warps)
-        run(f"cuda {warps}:{s}:{minb or 'default'}:{int(shiftless)}", int2_kernel="cuda", num_splits=s)
+        run(f"cuda {warps}:{s}:{minb or 'default'}:{int(shiftless)}:{pipe}", int2_kernel="cuda", num_splits=s)
     dec.int2_tier_cuda = original
     del kv, seg
     kb, vb = (torch.randn(batch, HKV, ctx, D, device="cuda", dtype=torch.bfloat16) for _ in "kv")
@@ -124,8 +125,10 @@ def main() -> int:
         lines += _table(["GQA", "page", "INT2 lens", "cuda (default / 1 / 7 splits)", "triton", "max |ref|"], rows)
     for warps, _, *rest in configs:
         minb, shiftless = (rest[0] if rest else 0) or None, bool(rest[1]) if len(rest) > 1 else True
-        k = decode_cuda._kernel(4, 8, warps, minb, shiftless)
-        lines.append(f"- kernel warps {warps} min_blocks {minb or 'default'} shiftless {int(shiftless)}: {func_attrs(k)}")
+        pipe = rest[2] if len(rest) > 2 else decode_cuda.DEFAULT_PIPE
+        k = decode_cuda._kernel(4, 8, warps, minb, shiftless, 256, 16, pipe)
+        lines.append(f"- kernel warps {warps} min_blocks {minb or 'default'} shiftless {int(shiftless)} pipe {pipe}: "
+                     f"{func_attrs(k)}")
     lines.append("")
     rows = []
     for shape in args.shapes:

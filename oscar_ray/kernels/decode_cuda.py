@@ -35,6 +35,8 @@ from .layout import KVGeometry, PagedKV, Segments
 
 KERNEL_NAME = "oscar_int2_decode_d128"
 STEP = 32  # tokens per online-softmax step: two 16-token MMA tiles
+STEP_BYTES = 2304  # a step's bytes in the cp.async ring: 32 tokens x (32 + 32 code + 4 + 4 scale bytes)
+DEFAULT_PIPE = 0  # 0: next step prefetched into registers; P >= 3: cp.async ring of P steps per warp
 
 _SOURCE = r"""
 typedef unsigned int u32;
@@ -45,6 +47,8 @@ typedef unsigned int u32;
 #define MINB __MINB__
 #define SHIFTLESS __SHIFTLESS__
 #define C_TOK __C_TOK__
+#define PIPE __PIPE__
+#define STEP_BYTES __STEP_BYTES__
 #define S_TOK __S_TOK__
 #define D 128
 #define FULL 0xffffffffu
@@ -93,6 +97,16 @@ __device__ __forceinline__ void mma(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u3
 }
 __device__ __forceinline__ float ex2(float x) {
     float r; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x)); return r;
+}
+__device__ __forceinline__ void cp16(void* dst, const void* src, bool on) {
+    const u32 d = (u32)__cvta_generic_to_shared(dst);
+    asm volatile("{.reg .pred p; setp.ne.b32 p, %2, 0; @p cp.async.cg.shared.global [%0], [%1], 16;}"
+                 :: "r"(d), "l"(src), "r"((int)on));
+}
+__device__ __forceinline__ void cp4(void* dst, const void* src, bool on) {
+    const u32 d = (u32)__cvta_generic_to_shared(dst);
+    asm volatile("{.reg .pred p; setp.ne.b32 p, %2, 0; @p cp.async.ca.shared.global [%0], [%1], 4;}"
+                 :: "r"(d), "l"(src), "r"((int)on));
 }
 __device__ __forceinline__ float2 halves(u32 x) {  // fp16 (s, z) pair -> floats
     float a, b;
@@ -144,7 +158,15 @@ oscar_int2_decode_d128(const float* __restrict__ q, const unsigned char* __restr
         float* __restrict__ mid_o, float* __restrict__ mid_lse, double qk_scale_d, int sqb, int sqh,
         int c_page, int c_head, int s_page, int s_head, int s_table, int n_q_heads,
         int total_splits, int n_splits) {
+#if PIPE
+    // per warp a ring of PIPE steps: K codes, V codes [32 tokens][32 B], K / V (s, z) [32]; the
+    // epilogue's sh_o reuses the same bytes once every warp has left its loop
+    __shared__ __align__(16) unsigned char sh_raw[(WARPS * PIPE * STEP_BYTES > WARPS * 8 * NT * D * 4)
+                                                  ? WARPS * PIPE * STEP_BYTES : WARPS * 8 * NT * D * 4];
+    float (*sh_o)[8 * NT][D] = reinterpret_cast<float (*)[8 * NT][D]>(sh_raw);
+#else
     __shared__ float sh_o[WARPS][8 * NT][D];
+#endif
     __shared__ float sh_m[WARPS][8 * NT], sh_l[WARPS][8 * NT];
     const int b = blockIdx.x, kh = blockIdx.y, split = blockIdx.z;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -315,9 +337,62 @@ oscar_int2_decode_d128(const float* __restrict__ q, const unsigned char* __restr
         if (n + 16 < end) load_tile(T[1], n + 16, end, trow, kq, ksq, vq, vsq, c_page, s_page);
         else T[1] = T[0];  // masked: all its tokens are >= end
     };
+    const int stride = WARPS * 32;
+#if PIPE
+    // cp.async ring: PIPE - 1 steps of this warp in flight (~2.3 KB each) while one computes, without
+    // holding them in registers.  Lane L copies token L of a step: its code rows and (s, z) pairs.
+    unsigned char* ring = sh_raw + warp * PIPE * STEP_BYTES;
+    const unsigned char* kr = kc + (long long)kh * c_head;
+    const unsigned char* vr = vc + (long long)kh * c_head;
+    const unsigned short* ksr = ks + (long long)kh * s_head;
+    const unsigned short* vsr = vs + (long long)kh * s_head;
+    auto issue = [&](const int i) {  // step i of this warp -> slot i % PIPE
+        const int n = start + warp * 32 + i * stride + lane;
+        const bool on = n < end;
+        const int pg = on ? trow[n / PAGE] : 0;
+        const int o = n % PAGE;
+        unsigned char* slot = ring + (i % PIPE) * STEP_BYTES;
+        const unsigned char* kg = kr + (long long)pg * c_page + o * C_TOK;
+        const unsigned char* vg = vr + (long long)pg * c_page + o * C_TOK;
+        cp16(slot + lane * 32, kg, on);
+        cp16(slot + lane * 32 + 16, kg + 16, on);
+        cp16(slot + 1024 + lane * 32, vg, on);
+        cp16(slot + 1024 + lane * 32 + 16, vg + 16, on);
+        cp4(slot + 2048 + lane * 4, ksr + (long long)pg * s_page + o * S_TOK, on);
+        cp4(slot + 2176 + lane * 4, vsr + (long long)pg * s_page + o * S_TOK, on);
+        asm volatile("cp.async.commit_group;");
+    };
+    const int steps = (end - (start + warp * 32) + stride - 1) / stride;  // may be <= 0
+#pragma unroll
+    for (int i = 0; i < PIPE - 1; ++i) issue(i);
+    for (int i = 0; i < steps; ++i) {
+        asm volatile("cp.async.wait_group %0;" :: "n"(PIPE - 2));
+        __syncwarp();
+        const unsigned char* slot = ring + (i % PIPE) * STEP_BYTES;
+        Tile T[2];
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+            const int r0 = 16 * mt;
+            T[mt].k_lo = *(const uint2*)(slot + (r0 + g) * 32 + 8 * t);
+            T[mt].k_hi = *(const uint2*)(slot + (r0 + g + 8) * 32 + 8 * t);
+            T[mt].v[0] = *(const u32*)(slot + 1024 + (r0 + 2 * t) * 32 + 4 * g);
+            T[mt].v[1] = *(const u32*)(slot + 1024 + (r0 + 2 * t + 1) * 32 + 4 * g);
+            T[mt].v[2] = *(const u32*)(slot + 1024 + (r0 + 2 * t + 8) * 32 + 4 * g);
+            T[mt].v[3] = *(const u32*)(slot + 1024 + (r0 + 2 * t + 9) * 32 + 4 * g);
+            T[mt].ksz[0] = *(const u32*)(slot + 2048 + (r0 + g) * 4);
+            T[mt].ksz[1] = *(const u32*)(slot + 2048 + (r0 + g + 8) * 4);
+            T[mt].vsz[0] = *(const u32*)(slot + 2176 + (r0 + g) * 4);
+            T[mt].vsz[1] = *(const u32*)(slot + 2176 + (r0 + g + 8) * 4);
+        }
+        __syncwarp();  // every lane has read slot (i - 1) % PIPE's successor-to-be before it is refilled
+        issue(i + PIPE - 1);
+        process(T, start + warp * 32 + i * stride);
+    }
+    asm volatile("cp.async.wait_group 0;");
+    __syncthreads();  // sh_o aliases the rings
+#else
     // two register buffers in ping-pong: the next step's bytes are in flight while this one computes
     Tile ta[2], tb[2];
-    const int stride = WARPS * 32;
     if (start + warp * 32 < end) load_step(ta, start + warp * 32);
     for (int n0 = start + warp * 32; n0 < end; n0 += 2 * stride) {
         const int n1 = n0 + stride;
@@ -327,6 +402,7 @@ oscar_int2_decode_d128(const float* __restrict__ q, const unsigned char* __restr
         if (n1 + stride < end) load_step(ta, n1 + stride);
         process(tb, n1);
     }
+#endif
 
     // per-warp state -> shared memory: l, lr, zs summed over the 8 token rows (lanes g)
 #pragma unroll
@@ -383,7 +459,7 @@ def _min_blocks(nt: int, warps: int) -> int:
 
 
 def kernel_source(gqa: int, page: int, warps: int, min_blocks: int | None = None, shiftless: bool = True,
-                  code_tok: int = 256, scale_tok: int = 16) -> str:
+                  code_tok: int = 256, scale_tok: int = 16, pipe: int = 0) -> str:
     """CUDA source of one specialisation (GQA ratio, INT2 page size, warps per CTA, min CTAs per SM,
     the in-place code masks of code(), the token strides of codes (bytes) and scales (elements))."""
     nt = -(-gqa // 8)
@@ -391,13 +467,15 @@ def kernel_source(gqa: int, page: int, warps: int, min_blocks: int | None = None
     return (_SOURCE.replace("__NT__", str(nt)).replace("__G__", str(gqa)).replace("__PAGE__", str(page))
             .replace("__WARPS__", str(warps)).replace("__MINB__", str(min_blocks))
             .replace("__SHIFTLESS__", str(int(shiftless))).replace("__C_TOK__", str(code_tok))
-            .replace("__S_TOK__", str(scale_tok)))
+            .replace("__S_TOK__", str(scale_tok)).replace("__PIPE__", str(pipe))
+            .replace("__STEP_BYTES__", str(STEP_BYTES)))
 
 
 @functools.lru_cache(maxsize=None)
 def _kernel(gqa: int, page: int, warps: int, min_blocks: int | None, shiftless: bool = True, code_tok: int = 256,
-            scale_tok: int = 16):
-    return torch.cuda._compile_kernel(kernel_source(gqa, page, warps, min_blocks, shiftless, code_tok, scale_tok),
+            scale_tok: int = 16, pipe: int = 0):
+    return torch.cuda._compile_kernel(kernel_source(gqa, page, warps, min_blocks, shiftless, code_tok, scale_tok,
+                                                    pipe),
                                       KERNEL_NAME, nvcc_options=["-std=c++17"])
 
 
@@ -422,10 +500,11 @@ def cuda_unsupported(q: torch.Tensor, kv: PagedKV, geo: KVGeometry, precision: s
         if not ok:
             return why
     c, s = kv.k_codes.stride(), kv.k_scales.stride()
-    aligned = (all(x % 8 == 0 for x in c[:3]) and c[3] == 1 and all(x % 2 == 0 for x in s[:3]) and s[3] == 1
-               and all(t.data_ptr() % 8 == 0 for t in (kv.k_codes, kv.v_codes, kv.k_scales, kv.v_scales)))
-    if not aligned:
-        return "code rows not 8-byte aligned or (s, z) pairs not 4-byte aligned"
+    aligned = (all(x % 16 == 0 for x in c[:3]) and c[3] == 1 and all(x % 2 == 0 for x in s[:3]) and s[3] == 1
+               and all(t.data_ptr() % 16 == 0 for t in (kv.k_codes, kv.v_codes))
+               and all(t.data_ptr() % 4 == 0 for t in (kv.k_scales, kv.v_scales)))
+    if not aligned:  # the 16-byte cp.async / uint2 loads of code rows, 4-byte (s, z) loads
+        return "code rows not 16-byte aligned or (s, z) pairs not 4-byte aligned"
     return None
 
 
@@ -444,7 +523,7 @@ def default_cuda_splits(batch: int, n_kv_heads: int, max_len: int | None, warps:
 
 def int2_tier_cuda(q: torch.Tensor, kv: PagedKV, seg: Segments, mid_o: torch.Tensor, mid_lse: torch.Tensor,
                    qk_scale: float, n_splits: int, warps: int = 4, min_blocks: int | None = None,
-                   shiftless: bool = True) -> None:
+                   shiftless: bool = True, pipe: int | None = None) -> None:
     """Partials of the INT2 tier into rows [0, n_splits) of mid_o [B, Hq, total, 128] / mid_lse.
 
     q [B, Hq, 128] in the rotated K basis (any float dtype; read as fp32).  Callers check
@@ -464,7 +543,11 @@ def int2_tier_cuda(q: torch.Tensor, kv: PagedKV, seg: Segments, mid_o: torch.Ten
     if warps not in (1, 2, 4, 8):
         raise ValueError(f"warps must be 1, 2, 4 or 8, got {warps}")
     c, s = kv.k_codes.stride(), kv.k_scales.stride()
-    kernel = _kernel(gqa, geo.int2_page_size, warps, min_blocks, shiftless, c[1], s[1])
+    pipe = DEFAULT_PIPE if pipe is None else pipe
+    if pipe not in (0, 3, 4, 5, 6) or warps * pipe * STEP_BYTES > 48 * 1024:
+        raise ValueError(f"pipe must be 0 or 3-6 steps with warps x pipe x {STEP_BYTES} B <= 48 KB of static "
+                         f"shared memory, got pipe {pipe} at {warps} warps")
+    kernel = _kernel(gqa, geo.int2_page_size, warps, min_blocks, shiftless, c[1], s[1], pipe)
     kernel(grid=(b, geo.n_kv_heads, n_splits), block=(32 * warps, 1, 1),
            args=[q, kv.k_codes, kv.k_scales, kv.v_codes, kv.v_scales, table, seg.int2_lens, mid_o, mid_lse,
                  float(qk_scale), q.stride(0), q.stride(1), c[0], c[2], s[0], s[2], table.stride(0),

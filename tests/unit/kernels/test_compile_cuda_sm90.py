@@ -51,10 +51,11 @@ def _compile(lib, source: str) -> bytes:
     return ptx.value
 
 
-@pytest.mark.parametrize("gqa, page, warps", [(1, 8, 4), (3, 16, 4), (4, 8, 4), (4, 64, 4), (8, 8, 4), (12, 8, 4),
-                                              (16, 32, 4), (4, 8, 8), (4, 8, 2)])
-def test_cuda_decode_compiles_for_sm90_without_spills(tmp_path, gqa, page, warps):
-    ptx = _compile(_nvrtc(), decode_cuda.kernel_source(gqa, page, warps))
+@pytest.mark.parametrize("gqa, page, warps, pipe", [(1, 8, 4, 0), (3, 16, 4, 0), (4, 8, 4, 0), (4, 64, 4, 0), (8, 8, 4, 0),
+                                                    (12, 8, 4, 0), (16, 32, 4, 0), (4, 8, 8, 0), (4, 8, 2, 0),
+                                                    (4, 8, 4, 4), (12, 16, 4, 3), (1, 8, 2, 6)])
+def test_cuda_decode_compiles_for_sm90_without_spills(tmp_path, gqa, page, warps, pipe):
+    ptx = _compile(_nvrtc(), decode_cuda.kernel_source(gqa, page, warps, pipe=pipe))
     assert decode_cuda.KERNEL_NAME.encode() in ptx
     (tmp_path / "k.ptx").write_bytes(ptx)
     out = subprocess.run([_ptxas(), "-arch=sm_90", "-v", "-o", str(tmp_path / "k.cubin"), str(tmp_path / "k.ptx")],
