@@ -113,15 +113,18 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--skip-check", action="store_true")
+    p.add_argument("--pipe", type=int, default=None, help="set decode_cuda.DEFAULT_PIPE (the check and default configs)")
     args = p.parse_args()
     args.smoke = False
+    if args.pipe is not None:
+        decode_cuda.DEFAULT_PIPE = args.pipe
     configs = [tuple(int(x) for x in c.split(":")) for c in args.configs]
     lines = ["# CUDA INT2-tier decode kernel sweep", "",
              f"- GPU {torch.cuda.get_device_name()}, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}, "
              f"torch {torch.__version__}, commit {_commit()}", ""]
     if not args.skip_check:
         rows = check(args.seed)
-        lines += ["## max |o − reference| (fp16 scales, bf16)", ""]
+        lines += [f"## max |o − reference| (fp16 scales, bf16, pipe {decode_cuda.DEFAULT_PIPE})", ""]
         lines += _table(["GQA", "page", "INT2 lens", "cuda (default / 1 / 7 splits)", "triton", "max |ref|"], rows)
     for warps, _, *rest in configs:
         minb, shiftless = (rest[0] if rest else 0) or None, bool(rest[1]) if len(rest) > 1 else True

@@ -1,0 +1,413 @@
+// INT2-tier decode partials (oscar_ray/kernels/decode_cuda.py builds and launches this file).
+// __NAME__ placeholders are replaced per specialisation by decode_cuda.kernel_source(); the fragment
+// maps and the algebra are described in decode_cuda.py's module docstring.
+typedef unsigned int u32;
+#define NT __NT__
+#define G __G__
+#define PAGE __PAGE__
+#define WARPS __WARPS__
+#define MINB __MINB__
+#define SHIFTLESS __SHIFTLESS__
+#define C_TOK __C_TOK__
+#define PIPE __PIPE__
+#define STEP_BYTES __STEP_BYTES__
+#define S_TOK __S_TOK__
+#define D 128
+#define FULL 0xffffffffu
+#define NEG_INF __int_as_float(0xff800000)
+
+template <u32 M> __device__ __forceinline__ u32 lopm(u32 x) {  // (x & M) | bf16(128) in both lanes
+    u32 r; asm("lop3.b32 %0, %1, %2, 0x43004300, 0xEA;" : "=r"(r) : "r"(x), "n"(M)); return r;
+}
+// code kk (bits 2kk, 2kk + 1) of the bytes in lanes 0 and 2 of x, as two bf16.  SHIFTLESS: masks in
+// place for kk = 0..2 give 128 + 4^kk·c (exact: <= 176, bf16 ulp 1 below 256), so 3 shifts per word
+// instead of 7; the 4^kk is divided out of q (keys) and of the output rows (values).  kk = 3 would
+// reach the exponent bit and is shifted down.
+__device__ __forceinline__ u32 code(u32 x, int kk) {
+#if SHIFTLESS
+    if (kk == 0) return lopm<0x00030003u>(x);
+    if (kk == 1) return lopm<0x000C000Cu>(x);
+    if (kk == 2) return lopm<0x00300030u>(x);
+    return lopm<0x00030003u>(x >> 6);
+#else
+    return lopm<0x00030003u>(x >> (2 * kk));
+#endif
+}
+__device__ __forceinline__ float code_scale(int kk) {  // 1 / 4^kk of code(): what q and o rows carry
+#if SHIFTLESS
+    return kk == 1 ? 0.25f : (kk == 2 ? 0.0625f : 1.0f);
+#else
+    return 1.0f;
+#endif
+}
+__device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 sel) {
+    u32 r; asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel)); return r;
+}
+__device__ __forceinline__ u32 pack_bf16(float lo, float hi) {
+    u32 r; asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo)); return r;
+}
+__device__ __forceinline__ float bf16_lo(u32 x) { return __uint_as_float(x << 16); }
+__device__ __forceinline__ float bf16_hi(u32 x) { return __uint_as_float(x & 0xffff0000u); }
+__device__ __forceinline__ u32 trans8(u32 x) {
+    u32 r; asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(r) : "r"(x)); return r;
+}
+__device__ __forceinline__ void mma(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ float ex2(float x) {
+    float r; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x)); return r;
+}
+__device__ __forceinline__ void cp16(void* dst, const void* src, bool on) {
+    const u32 d = (u32)__cvta_generic_to_shared(dst);
+    asm volatile("{.reg .pred p; setp.ne.b32 p, %2, 0; @p cp.async.cg.shared.global [%0], [%1], 16;}"
+                 :: "r"(d), "l"(src), "r"((int)on));
+}
+__device__ __forceinline__ void cp4(void* dst, const void* src, bool on) {
+    const u32 d = (u32)__cvta_generic_to_shared(dst);
+    asm volatile("{.reg .pred p; setp.ne.b32 p, %2, 0; @p cp.async.ca.shared.global [%0], [%1], 4;}"
+                 :: "r"(d), "l"(src), "r"((int)on));
+}
+__device__ __forceinline__ float2 halves(u32 x) {  // fp16 (s, z) pair -> floats
+    float a, b;
+    asm("{.reg .b16 l, h; mov.b32 {l, h}, %2; cvt.f32.f16 %0, l; cvt.f32.f16 %1, h;}" : "=f"(a), "=f"(b) : "r"(x));
+    return make_float2(a, b);
+}
+
+struct Tile {  // one 16-token tile's bytes as this thread's fragments need them
+    uint2 k_lo, k_hi;  // K codes of tokens g, g + 8: bytes 8t .. 8t + 7
+    u32 v[4];          // V codes of tokens 2t, 2t + 1, 2t + 8, 2t + 9: bytes 4g .. 4g + 3
+    u32 ksz[2], vsz[2];  // (s, z) fp16 of tokens g, g + 8
+};
+
+// kq / vq / ksq / vsq: this thread's first byte / element in page 0 (K codes of token g at byte 8t,
+// V codes of token 2t at byte 4g, (s, z) of token g), so a load is one IMAD.WIDE per page and
+// tensor plus an immediate offset (C_TOK / S_TOK are compile-time): 8 per tile instead of ~35
+__device__ __forceinline__ void load_tile(Tile& T, int n, int end, const int* __restrict__ trow,
+        const unsigned char* __restrict__ kq, const unsigned short* __restrict__ ksq,
+        const unsigned char* __restrict__ vq, const unsigned short* __restrict__ vsq, int c_page, int s_page) {
+    // n % 16 == 0 and PAGE >= 8: tokens n .. n + 7 share a page, and so do n + 8 .. n + 15
+    const int p_lo = trow[n / PAGE];
+    const int p_hi = (PAGE >= 16 || n + 8 >= end) ? p_lo : trow[(n + 8) / PAGE];
+    const int o_lo = PAGE <= 16 ? 0 : n % PAGE;  // PAGE 8 / 16: n is a page (half-page) start
+    const int o_hi = PAGE >= 16 ? 8 : 0;
+    const unsigned char* kl = kq + (long long)p_lo * c_page + o_lo * C_TOK;
+    const unsigned char* kh_ = kq + (long long)p_hi * c_page + o_lo * C_TOK;
+    const unsigned char* vl = vq + (long long)p_lo * c_page + o_lo * C_TOK;
+    const unsigned char* vh = vq + (long long)p_hi * c_page + o_lo * C_TOK;
+    const unsigned short* ksl = ksq + (long long)p_lo * s_page + o_lo * S_TOK;
+    const unsigned short* ksh = ksq + (long long)p_hi * s_page + o_lo * S_TOK;
+    const unsigned short* vsl = vsq + (long long)p_lo * s_page + o_lo * S_TOK;
+    const unsigned short* vsh = vsq + (long long)p_hi * s_page + o_lo * S_TOK;
+    T.k_lo = *(const uint2*)(kl);
+    T.k_hi = *(const uint2*)(kh_ + o_hi * C_TOK);
+    T.v[0] = *(const u32*)(vl);
+    T.v[1] = *(const u32*)(vl + C_TOK);
+    T.v[2] = *(const u32*)(vh + o_hi * C_TOK);
+    T.v[3] = *(const u32*)(vh + (o_hi + 1) * C_TOK);
+    T.ksz[0] = *(const u32*)(ksl);
+    T.ksz[1] = *(const u32*)(ksh + o_hi * S_TOK);
+    T.vsz[0] = *(const u32*)(vsl);
+    T.vsz[1] = *(const u32*)(vsh + o_hi * S_TOK);
+}
+
+extern "C" __global__ void __launch_bounds__(WARPS * 32, MINB)
+oscar_int2_decode_d128(const float* __restrict__ q, const unsigned char* __restrict__ kc,
+        const unsigned short* __restrict__ ks, const unsigned char* __restrict__ vc,
+        const unsigned short* __restrict__ vs, const int* __restrict__ table, const int* __restrict__ lens,
+        float* __restrict__ mid_o, float* __restrict__ mid_lse, double qk_scale_d, int sqb, int sqh,
+        int c_page, int c_head, int s_page, int s_head, int s_table, int n_q_heads,
+        int total_splits, int n_splits) {
+#if PIPE
+    // per warp a ring of PIPE steps: K codes, V codes [32 tokens][32 B], K / V (s, z) [32]; the
+    // epilogue's sh_o reuses the same bytes once every warp has left its loop
+    __shared__ __align__(16) unsigned char sh_raw[(WARPS * PIPE * STEP_BYTES > WARPS * 8 * NT * D * 4)
+                                                  ? WARPS * PIPE * STEP_BYTES : WARPS * 8 * NT * D * 4];
+    float (*sh_o)[8 * NT][D] = reinterpret_cast<float (*)[8 * NT][D]>(sh_raw);
+#else
+    __shared__ float sh_o[WARPS][8 * NT][D];
+#endif
+    __shared__ float sh_m[WARPS][8 * NT], sh_l[WARPS][8 * NT];
+    const int b = blockIdx.x, kh = blockIdx.y, split = blockIdx.z;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const float qk_scale = (float)qk_scale_d;
+    const int seq_len = lens[b];
+    const int split_len = ((seq_len + n_splits - 1) / n_splits + 31) / 32 * 32;
+    const int start = split * split_len;
+    const int end = min(start + split_len, seq_len);
+    const int* trow = table + (long long)b * s_table;
+    const unsigned char* kq = kc + (long long)kh * c_head + g * C_TOK + 8 * t;
+    const unsigned char* vq = vc + (long long)kh * c_head + 2 * t * C_TOK + 4 * g;
+    const unsigned short* ksq = ks + (long long)kh * s_head + g * S_TOK;
+    const unsigned short* vsq = vs + (long long)kh * s_head + g * S_TOK;
+
+    // q^T fragments (B operand) in the K permutation, pre-scaled and rounded to bf16 once
+    // qsum: Σq of the rounded q; qsum2: Σ of the fragments' values (q / 4^kk when SHIFTLESS), whose
+    // 128·qsum2 is the offset the MMA adds
+    u32 qf[NT][8][2];
+    float qsum[NT][2], qsum2[NT][2];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+        const int h = nt * 8 + g;
+        const float* qrow = q + (long long)b * sqb + (long long)(kh * G + (h < G ? h : 0)) * sqh;
+        const float on = h < G ? qk_scale : 0.0f;
+        float part = 0.0f, part2 = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            const int base = 8 * t + 4 * (j >> 2) + 32 * (j & 3);
+            const float f = code_scale(j & 3);
+            const u32 r0 = pack_bf16(qrow[base] * on, qrow[base + 2] * on);
+            const u32 r1 = pack_bf16(qrow[base + 1] * on, qrow[base + 3] * on);
+            const float x = bf16_lo(r0) + bf16_hi(r0) + bf16_lo(r1) + bf16_hi(r1);
+            part += x;
+            part2 += x * f;  // exact scaling by a power of two
+            qf[nt][j][0] = pack_bf16(bf16_lo(r0) * f, bf16_hi(r0) * f);
+            qf[nt][j][1] = pack_bf16(bf16_lo(r1) * f, bf16_hi(r1) * f);
+        }
+        part += __shfl_xor_sync(FULL, part, 1);
+        part += __shfl_xor_sync(FULL, part, 2);  // Σq of head 8nt + g, in every lane of group g
+        part2 += __shfl_xor_sync(FULL, part2, 1);
+        part2 += __shfl_xor_sync(FULL, part2, 2);
+        qsum[nt][0] = __shfl_sync(FULL, part, 8 * t);      // head 8nt + 2t
+        qsum[nt][1] = __shfl_sync(FULL, part, 8 * t + 4);  // head 8nt + 2t + 1
+        qsum2[nt][0] = __shfl_sync(FULL, part2, 8 * t);
+        qsum2[nt][1] = __shfl_sync(FULL, part2, 8 * t + 4);
+    }
+
+    float acc[8][NT][4];
+    float m[NT][2], l[NT][2], lr[NT][2], zs[NT][2];  // lr = Σ P' (rounded), zs = Σ P'·z_V
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[i][nt][0] = acc[i][nt][1] = acc[i][nt][2] = acc[i][nt][3] = 0.0f;
+        m[nt][0] = m[nt][1] = NEG_INF;
+        l[nt][0] = l[nt][1] = lr[nt][0] = lr[nt][1] = zs[nt][0] = zs[nt][1] = 0.0f;
+    }
+
+    // one 32-token step (two tiles) of this warp: scores, online softmax, P'·V
+    auto process = [&](const Tile (&T)[2], const int n0) {
+        // scores S^T[token, head] of both tiles
+        float s[2][NT][4];
+        float vsc[2][2], vzc[2][2];  // V (s, z) of tokens g, g + 8, 0 when masked
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.0f;
+#pragma unroll
+            for (int w = 0; w < 2; ++w) {
+                const u32 wl = w ? T[mt].k_lo.y : T[mt].k_lo.x;
+                const u32 wh = w ? T[mt].k_hi.y : T[mt].k_hi.x;
+#pragma unroll
+                for (int kk = 0; kk < 4; ++kk) {
+                    const u32 a0 = code(wl, kk), a2 = code(wl >> 8, kk);
+                    const u32 a1 = code(wh, kk), a3 = code(wh >> 8, kk);
+#pragma unroll
+                    for (int nt = 0; nt < NT; ++nt) mma(s[mt][nt], a0, a1, a2, a3, qf[nt][4 * w + kk][0], qf[nt][4 * w + kk][1]);
+                }
+            }
+            const int tok = n0 + 16 * mt + g;
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const bool ok = tok + 8 * r < end;
+                const float2 kz = halves(T[mt].ksz[r]);
+                const float2 vz = halves(T[mt].vsz[r]);
+                vsc[mt][r] = ok ? vz.x : 0.0f;
+                vzc[mt][r] = ok ? vz.y : 0.0f;
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+                    for (int hh = 0; hh < 2; ++hh) {
+                        const float x = kz.x * (s[mt][nt][2 * r + hh] - 128.0f * qsum2[nt][hh] - kz.y * qsum[nt][hh]);
+                        s[mt][nt][2 * r + hh] = ok ? x : NEG_INF;
+                    }
+                }
+            }
+        }
+        // online softmax per head column: the step's max over 32 tokens (8 lanes x 4 values)
+        float alpha[NT][2];
+        bool grow = false;
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) {
+                float x = fmaxf(fmaxf(s[0][nt][hh], s[0][nt][2 + hh]), fmaxf(s[1][nt][hh], s[1][nt][2 + hh]));
+                x = fmaxf(x, __shfl_xor_sync(FULL, x, 4));
+                x = fmaxf(x, __shfl_xor_sync(FULL, x, 8));
+                x = fmaxf(x, __shfl_xor_sync(FULL, x, 16));
+                const float mn = fmaxf(m[nt][hh], x);
+                grow |= mn > m[nt][hh];
+                alpha[nt][hh] = (mn == NEG_INF) ? 1.0f : ex2(m[nt][hh] - mn);
+                m[nt][hh] = mn;
+            }
+        }
+        if (__any_sync(FULL, grow)) {  // after the first steps the max rarely moves: skip 36 FMULs
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+                for (int hh = 0; hh < 2; ++hh) {
+                    l[nt][hh] *= alpha[nt][hh]; lr[nt][hh] *= alpha[nt][hh]; zs[nt][hh] *= alpha[nt][hh];
+                }
+#pragma unroll
+                for (int i = 0; i < 8; ++i) {
+                    acc[i][nt][0] *= alpha[nt][0]; acc[i][nt][2] *= alpha[nt][0];
+                    acc[i][nt][1] *= alpha[nt][1]; acc[i][nt][3] *= alpha[nt][1];
+                }
+            }
+        }
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+            u32 b0[NT], b1[NT];
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+                float ps[4];
+#pragma unroll
+                for (int c = 0; c < 4; ++c) {
+                    const int hh = c & 1, r = c >> 1;
+                    const float mref = (m[nt][hh] == NEG_INF) ? 0.0f : m[nt][hh];
+                    const float p = ex2(s[mt][nt][c] - mref);
+                    l[nt][hh] += p;
+                    ps[c] = p * vsc[mt][r];
+                }
+                const u32 lo = pack_bf16(ps[0], ps[1]), hi = pack_bf16(ps[2], ps[3]);
+                // the offsets with the rounded P' the MMA sees: Σ P' (for the 128) and Σ P'·z
+                lr[nt][0] += bf16_lo(lo) + bf16_lo(hi);
+                lr[nt][1] += bf16_hi(lo) + bf16_hi(hi);
+                zs[nt][0] += bf16_lo(lo) * vzc[mt][0] + bf16_lo(hi) * vzc[mt][1];
+                zs[nt][1] += bf16_hi(lo) * vzc[mt][0] + bf16_hi(hi) * vzc[mt][1];
+                b0[nt] = trans8(lo);  // P'^T rows (tokens 2t, 2t + 1), column head g
+                b1[nt] = trans8(hi);  // tokens 2t + 8, 2t + 9
+            }
+            const u32 xl = prmt(T[mt].v[0], T[mt].v[1], 0x5410), yl = prmt(T[mt].v[0], T[mt].v[1], 0x7632);
+            const u32 xh = prmt(T[mt].v[2], T[mt].v[3], 0x5410), yh = prmt(T[mt].v[2], T[mt].v[3], 0x7632);
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk) {
+                const u32 a0 = code(xl, kk), a1 = code(xl >> 8, kk), a2 = code(xh, kk), a3 = code(xh >> 8, kk);
+                const u32 e0 = code(yl, kk), e1 = code(yl >> 8, kk), e2 = code(yh, kk), e3 = code(yh >> 8, kk);
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt) {
+                    mma(acc[2 * kk][nt], a0, a1, a2, a3, b0[nt], b1[nt]);
+                    mma(acc[2 * kk + 1][nt], e0, e1, e2, e3, b0[nt], b1[nt]);
+                }
+            }
+        }
+    };
+    auto load_step = [&](Tile (&T)[2], const int n) {
+        load_tile(T[0], n, end, trow, kq, ksq, vq, vsq, c_page, s_page);
+        if (n + 16 < end) load_tile(T[1], n + 16, end, trow, kq, ksq, vq, vsq, c_page, s_page);
+        else T[1] = T[0];  // masked: all its tokens are >= end
+    };
+    const int stride = WARPS * 32;
+#if PIPE
+    // cp.async ring: PIPE - 1 steps of this warp in flight (~2.3 KB each) while one computes, without
+    // holding them in registers.  Lane L copies token L of a step: its code rows and (s, z) pairs.
+    unsigned char* ring = sh_raw + warp * PIPE * STEP_BYTES;
+    const unsigned char* kr = kc + (long long)kh * c_head;
+    const unsigned char* vr = vc + (long long)kh * c_head;
+    const unsigned short* ksr = ks + (long long)kh * s_head;
+    const unsigned short* vsr = vs + (long long)kh * s_head;
+    auto issue = [&](const int i) {  // step i of this warp -> slot i % PIPE
+        const int n = start + warp * 32 + i * stride + lane;
+        const bool on = n < end;
+        const int pg = on ? trow[n / PAGE] : 0;
+        const int o = n % PAGE;
+        unsigned char* slot = ring + (i % PIPE) * STEP_BYTES;
+        const unsigned char* kg = kr + (long long)pg * c_page + o * C_TOK;
+        const unsigned char* vg = vr + (long long)pg * c_page + o * C_TOK;
+        cp16(slot + lane * 32, kg, on);
+        cp16(slot + lane * 32 + 16, kg + 16, on);
+        cp16(slot + 1024 + lane * 32, vg, on);
+        cp16(slot + 1024 + lane * 32 + 16, vg + 16, on);
+        cp4(slot + 2048 + lane * 4, ksr + (long long)pg * s_page + o * S_TOK, on);
+        cp4(slot + 2176 + lane * 4, vsr + (long long)pg * s_page + o * S_TOK, on);
+        asm volatile("cp.async.commit_group;");
+    };
+    const int steps = (end - (start + warp * 32) + stride - 1) / stride;  // may be <= 0
+#pragma unroll
+    for (int i = 0; i < PIPE - 1; ++i) issue(i);
+    for (int i = 0; i < steps; ++i) {
+        asm volatile("cp.async.wait_group %0;" :: "n"(PIPE - 2));
+        __syncwarp();
+        const unsigned char* slot = ring + (i % PIPE) * STEP_BYTES;
+        Tile T[2];
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+            const int r0 = 16 * mt;
+            T[mt].k_lo = *(const uint2*)(slot + (r0 + g) * 32 + 8 * t);
+            T[mt].k_hi = *(const uint2*)(slot + (r0 + g + 8) * 32 + 8 * t);
+            T[mt].v[0] = *(const u32*)(slot + 1024 + (r0 + 2 * t) * 32 + 4 * g);
+            T[mt].v[1] = *(const u32*)(slot + 1024 + (r0 + 2 * t + 1) * 32 + 4 * g);
+            T[mt].v[2] = *(const u32*)(slot + 1024 + (r0 + 2 * t + 8) * 32 + 4 * g);
+            T[mt].v[3] = *(const u32*)(slot + 1024 + (r0 + 2 * t + 9) * 32 + 4 * g);
+            T[mt].ksz[0] = *(const u32*)(slot + 2048 + (r0 + g) * 4);
+            T[mt].ksz[1] = *(const u32*)(slot + 2048 + (r0 + g + 8) * 4);
+            T[mt].vsz[0] = *(const u32*)(slot + 2176 + (r0 + g) * 4);
+            T[mt].vsz[1] = *(const u32*)(slot + 2176 + (r0 + g + 8) * 4);
+        }
+        __syncwarp();  // every lane has read slot (i - 1) % PIPE's successor-to-be before it is refilled
+        issue(i + PIPE - 1);
+        process(T, start + warp * 32 + i * stride);
+    }
+    asm volatile("cp.async.wait_group 0;");
+    __syncthreads();  // sh_o aliases the rings
+#else
+    // two register buffers in ping-pong: the next step's bytes are in flight while this one computes
+    Tile ta[2], tb[2];
+    if (start + warp * 32 < end) load_step(ta, start + warp * 32);
+    for (int n0 = start + warp * 32; n0 < end; n0 += 2 * stride) {
+        const int n1 = n0 + stride;
+        if (n1 < end) load_step(tb, n1);
+        process(ta, n0);
+        if (n1 >= end) break;
+        if (n1 + stride < end) load_step(ta, n1 + stride);
+        process(tb, n1);
+    }
+#endif
+
+    // per-warp state -> shared memory: l, lr, zs summed over the 8 token rows (lanes g)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+#pragma unroll
+            for (int off = 4; off < 32; off <<= 1) {
+                l[nt][hh] += __shfl_xor_sync(FULL, l[nt][hh], off);
+                lr[nt][hh] += __shfl_xor_sync(FULL, lr[nt][hh], off);
+                zs[nt][hh] += __shfl_xor_sync(FULL, zs[nt][hh], off);
+            }
+            const int h = nt * 8 + 2 * t + hh;
+            if (g == 0) { sh_m[warp][h] = m[nt][hh]; sh_l[warp][h] = l[nt][hh]; }
+        }
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const int d = 4 * g + 2 * (i & 1) + 32 * (i >> 1);
+            const float f = code_scale(i >> 1);  // d-tile i holds code i >> 1 of its bytes, times 4^(i >> 1)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+                const int hh = c & 1, r = c >> 1;  // Σ P'(c − z) = (acc − 128 Σ P') / 4^kk − Σ P' z
+                sh_o[warp][nt * 8 + 2 * t + hh][d + r] = (acc[i][nt][c] - 128.0f * lr[nt][hh]) * f - zs[nt][hh];
+            }
+        }
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < G * D; e += WARPS * 32) {
+        const int h = e / D, d = e % D;
+        float top = NEG_INF;
+#pragma unroll
+        for (int w = 0; w < WARPS; ++w) top = fmaxf(top, sh_m[w][h]);
+        float o = 0.0f, tot = 0.0f;
+        if (top != NEG_INF) {
+#pragma unroll
+            for (int w = 0; w < WARPS; ++w) {
+                const float wt = ex2(sh_m[w][h] - top);
+                o += wt * sh_o[w][h][d];
+                tot += wt * sh_l[w][h];
+            }
+        }
+        const long long row = ((long long)b * n_q_heads + kh * G + h) * total_splits + split;
+        mid_o[row * D + d] = tot > 0.0f ? o / tot : 0.0f;
+        if (d == 0) mid_lse[row] = tot > 0.0f ? top + log2f(tot) : NEG_INF;
+    }
+}
