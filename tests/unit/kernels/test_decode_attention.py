@@ -158,3 +158,34 @@ def test_fused_append_writes_the_slot_and_attends(seed):
         int2_decode_attention(q, kv, seg, append_k=k_new)
     with pytest.raises(ValueError, match="append_v"):
         int2_decode_attention(q, kv, seg, append_k=k_new, append_v=v_new[:, :1])
+
+
+def test_cuda_tier_eligibility_names_what_is_missing(monkeypatch):
+    # decode_cuda.cuda_unsupported on a CPU host, past its device checks: every layout rule reports
+    # itself (a typo'd geometry field or a wrong rule would otherwise surface only on the GPU)
+    from oscar_ray.kernels import decode_cuda
+
+    class FakeQ:  # q as the launcher sees it on a CUDA device
+        is_cuda, device = True, torch.device("cpu")
+
+        def __init__(self, hq):
+            self.shape = (1, hq, 128)
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(torch.cuda, "_compile_kernel", lambda *a, **k: None, raising=False)
+
+    def why(hq=32, precision="bf16", **cache):
+        kv, _ = random_mixed_cache([64], [8], cache.pop("heads", 8), cache.pop("d", 128), **cache)
+        return decode_cuda.cuda_unsupported(FakeQ(hq), kv, kv.geometry(), precision)
+
+    assert why(scale_dtype=torch.float16) is None
+    assert "fp32 scales" in why()
+    assert "head_dim 64" in why(d=64, hq=32, scale_dtype=torch.float16)
+    assert "groups" in why(group_size=64, scale_dtype=torch.float16)
+    assert "3-bit keys" in why(key_bits=3, scale_dtype=torch.float16)
+    assert "precision 'fp16'" in why(precision="fp16", scale_dtype=torch.float16)
+    assert "GQA ratio 32" in why(hq=64, heads=2, scale_dtype=torch.float16)
+    assert "page size 4" in why(int2_page_size=4, scale_dtype=torch.float16)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
+    assert "sm_80" in why(scale_dtype=torch.float16)
