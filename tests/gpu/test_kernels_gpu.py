@@ -22,6 +22,7 @@ from oscar_ray.kernels.reference import (
     extend_attention_reference,
     int2_write_reference,
 )
+from oscar_ray.kernels.decode_cuda import int2_tier_cuda
 from oscar_ray.kernels.synthetic import random_mixed_cache
 from tests.utils import assert_close_verbose
 
@@ -266,6 +267,17 @@ def test_decode_cuda_int2_tier_matches_reference_cuda(seed, g, page):
     for splits in (None, 1, 7, 200):
         out = int2_decode_attention(q, kv, seg, int2_kernel="cuda", num_splits=splits)
         assert_close_verbose(out, ref, 3e-3, 1e-2, what=f"cuda g={g} page={page} splits={splits}")
+    mid_o = torch.empty(len(int2), hkv * g, 9, D, device=CUDA)
+    for pipe in (3, 4):  # the cp.async ring (decode_cuda pipe > 0) gives the register path's partials
+        parts = []
+        for p in (0, pipe):
+            mid_o.fill_(float("nan"))
+            mid_lse = torch.full((len(int2), hkv * g, 9), float("nan"), device=CUDA)
+            int2_tier_cuda(q, kv, seg, mid_o, mid_lse, 0.125, 9, pipe=p)
+            parts.append((mid_o.clone(), mid_lse.clone()))
+        for a, b in zip(*parts):  # same arithmetic in the same order; only where the bytes wait differs
+            assert not a.isnan().any()
+            assert_close_verbose(b, a, 1e-6, 1e-6, what=f"pipe {pipe}")
     tri = int2_decode_attention(q, kv, seg, int2_kernel="triton")
     assert_close_verbose(int2_decode_attention(q, kv, seg), tri, 3e-3, 1e-2, what="auto vs triton")
 
