@@ -101,13 +101,19 @@ def cuda_unsupported(q: torch.Tensor, kv: PagedKV, geo: KVGeometry, precision: s
 def default_cuda_splits(batch: int, n_kv_heads: int, max_len: int | None, warps: int = 4,
                         num_sms: int = 132) -> int:
     """CTAs per (request, KV head): two waves of the 3 resident 4-warp CTAs per SM (164 registers),
-    rounded down, each CTA keeping >= 512 tokens.  H200 sweep (decode_h200.md), bs 8 x 128K:
-    12 splits 365.7 µs, 18 371.4, 24 372.7, 32 404.0, 9 445.0 (1.45 waves: a ragged tail);
-    bs 32 x 128K: 3 splits 1466.1, 6 1491.6, 8 1571.4; bs 1 x 16K: 32 (the 512-token cap) 19.6,
-    128 26.2, 8 38.6."""
-    splits = (2 * 3 * num_sms * 4 // max(1, warps)) // max(1, batch * n_kv_heads)
+    rounded down; when >= 512 tokens per CTA caps that, the capped count rounded down to whole waves.
+    H200 sweep (decode_h200.md), bs 8 x 128K: 12 splits 365.7 µs, 18 371.4, 24 372.7, 32 404.0,
+    9 445.0 (1.45 waves: a ragged tail); bs 32 x 128K: 3 splits 1466.1, 6 1491.6, 8 1571.4;
+    bs 1 x 16K: 32 (the cap) 19.6, 128 26.2, 8 38.6; bs 1 x 32K at the cap, 64 splits = 1.3 waves:
+    30.5 µs (the Triton tier: 26.8), hence the rounding to 49 (one wave; not re-timed yet)."""
+    units = max(1, batch * n_kv_heads)
+    slots = 3 * num_sms * 4 // max(1, warps)  # resident CTAs at 164 registers a thread
+    splits = 2 * slots // units
     if max_len is not None:
-        splits = min(splits, max(1, math.ceil(max_len / (4 * STEP * warps))))
+        cap = max(1, math.ceil(max_len / (4 * STEP * warps)))
+        if cap < splits:
+            waves = units * cap // slots
+            splits = waves * slots // units if waves >= 1 else cap
     return max(1, min(256, splits))
 
 
