@@ -3,13 +3,15 @@
 Why not Triton here: the Triton stage-1 loop costs ~37 warp-instructions per token-head (H200,
 decode_h200.md) because Triton pads the 4 query heads of a KV head to 16 MMA rows, re-copies the
 q fragments before every MMA and moves unpacked codes through shared memory to reach the dot
-layouts.  Written against the mma.sync fragment layouts directly, the same math costs ~12:
+layouts.  Written against the mma.sync fragment layouts directly, the same math costs 17.6
+(offline sm_90 SASS; H200 bs 8 x 128K: 364.5 µs vs the Triton tier's 694.8):
 
   S^T [16 tokens, 8 heads] = C_K [16 tok, d] · q^T     (codes as the A operand, heads padded to 8)
   O^T [d, 8 heads]        += C_V^T [d, 16 tok] · P'^T  (P' = p·s_V, transposed by movmatrix)
 
 Each thread loads exactly the code bytes its A fragments need and unpacks them in registers
-(lop3: (w >> 2k) & 0x00030003 | 0x43004300 = two bf16 values 128 + c, the +128 folded into the
+(lop3: (w & 3·4^k) | 0x43004300 = two bf16 values 128 + 4^k·c for codes k = 0..2 in place, code 3
+shifted down first; the 4^k is divided out of q and of the output rows, the +128 folded into the
 zero points as in _unpack.py).  The fragment columns are a fixed permutation of d, applied to q
 on load and undone when O is stored:
   K, thread (g, t), k-step j = 4w + kk, slot σ ∈ {0: col 2t, 1: 2t+1, 2: 2t+8, 3: 2t+9}:
@@ -17,11 +19,14 @@ on load and undone when O is stored:
   V, thread (g, t), d-tile i, row g (+8 when r = 1): d = 4g + 2(i & 1) + r + 32(i >> 1)
 Scores use the one-group algebra of _attn_tiles._int2_step: s·(q·(c+128) − (z+128)·Σq) and
 p·v = (p∘s)·(c+128) − Σ p s (z+128).  A CTA of WARPS warps takes one split; warp w takes its
-32-token steps w, w + WARPS, …, prefetching the next step's bytes; the warps' online-softmax
+32-token steps w, w + WARPS, …, with the next step's bytes in flight (in registers, or with
+pipe = P in a cp.async ring of P steps in shared memory); the warps' online-softmax
 states merge in shared memory into the same (mid_o, mid_lse) rows as the Triton stage 1, so the
 BF16 tier and the merge stay the Triton kernels of decode_attention.py.
-Only NVRTC (bundled with torch's CUDA build) is needed; under TRITON_INTERPRET / on CPU this path
-is never taken.  Its contract is tested on the GPU (tests/gpu) against the float64 reference.
+The source is int2_decode.cu; only NVRTC (torch.cuda._compile_kernel, bundled with torch's CUDA
+build) is needed, once per specialisation per process.  On CPU / under TRITON_INTERPRET this path
+is never taken: CI compiles every specialisation offline for sm_90 (test_compile_cuda_sm90.py), and
+tests/gpu checks it against the float64 reference.
 """
 
 from __future__ import annotations
