@@ -203,7 +203,7 @@ def _pow2_at_least(n: int) -> int:
 def _decode(q: torch.Tensor, kv, seg: Segments, max_int2: int, max_bf16: int, append=None) -> torch.Tensor:
     """The split-K decode kernel with split counts from the longest request of each tier, rounded
     up to a power of two so that a growing context compiles O(log n) kernel variants, not one per
-    512 tokens.  The BF16 tier gets as many splits as INT2 would when it is long (kv_cache=bf16:
+    512 tokens (the INT2 tier's count and tile from the launcher's defaults for that length).  The BF16 tier gets as many splits as INT2 would when it is long (kv_cache=bf16:
     every token is BF16; the kernel's default ≤ 8 BF16 splits leave 64 programs at batch 1).
     append (k, v) [B, H_kv, d]: the step's new rows, written by the launch (int2_decode_attention)."""
     from oscar_ray.kernels import default_bf16_splits, default_num_splits, int2_decode_attention
@@ -212,9 +212,11 @@ def _decode(q: torch.Tensor, kv, seg: Segments, max_int2: int, max_bf16: int, ap
     ak, av = append if append is not None else (None, None)
     if q.device.type == "cpu":  # Triton's interpreter runs programs one after another: splits only add work
         return int2_decode_attention(q, kv, seg, num_splits=1, bf16_splits=1, append_k=ak, append_v=av)
-    s2 = default_num_splits(b, hkv, _pow2_at_least(max(1, max_int2)))
+    # the INT2 tier's splits from the launcher's own rule for whichever kernel serves it (the CUDA
+    # tier kernel and the Triton stage 1 split differently), given the rounded length
     s16 = max(default_bf16_splits(b, hkv), default_num_splits(b, hkv, _pow2_at_least(max(1, max_bf16)), block_n=64))
-    return int2_decode_attention(q, kv, seg, num_splits=s2, bf16_splits=s16, append_k=ak, append_v=av)
+    return int2_decode_attention(q, kv, seg, max_int2_len=_pow2_at_least(max(1, max_int2)), bf16_splits=s16,
+                                 append_k=ak, append_v=av)
 
 
 ATTN_IMPL = "oscar_paged"
