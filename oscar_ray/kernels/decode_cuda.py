@@ -68,10 +68,11 @@ def kernel_source(gqa: int, page: int, warps: int, min_blocks: int | None = None
 
 @functools.lru_cache(maxsize=None)
 def _kernel(gqa: int, page: int, warps: int, min_blocks: int | None, shiftless: bool = True, code_tok: int = 256,
-            scale_tok: int = 16, pipe: int = 0):
-    return torch.cuda._compile_kernel(kernel_source(gqa, page, warps, min_blocks, shiftless, code_tok, scale_tok,
-                                                    pipe),
-                                      KERNEL_NAME, nvcc_options=["-std=c++17"])
+            scale_tok: int = 16, pipe: int = 0, device: int | None = None):
+    # a CUfunction belongs to the context it was loaded in: one module per device
+    with torch.cuda.device(torch.cuda.current_device() if device is None else device):
+        return torch.cuda._compile_kernel(kernel_source(gqa, page, warps, min_blocks, shiftless, code_tok,
+                                                        scale_tok, pipe), KERNEL_NAME, nvcc_options=["-std=c++17"])
 
 
 def cuda_unsupported(q: torch.Tensor, kv: PagedKV, geo: KVGeometry, precision: str) -> str | None:
@@ -148,8 +149,11 @@ def int2_tier_cuda(q: torch.Tensor, kv: PagedKV, seg: Segments, mid_o: torch.Ten
     if pipe not in (0, 3, 4, 5, 6) or warps * pipe * STEP_BYTES > 48 * 1024:
         raise ValueError(f"pipe must be 0 or 3-6 steps with warps x pipe x {STEP_BYTES} B <= 48 KB of static "
                          f"shared memory, got pipe {pipe} at {warps} warps")
-    kernel = _kernel(gqa, geo.int2_page_size, warps, min_blocks, shiftless, c[1], s[1], pipe)
+    ints = (q.stride(0), q.stride(1), *c[:3], *s[:3], table.stride(0), hq, total, n_splits)
+    if max(ints) >= 2**31:  # the kernel's stride / count parameters are 32-bit (offsets are 64-bit)
+        raise ValueError(f"a stride or count does not fit the CUDA kernel's int32 parameters: {ints}")
+    kernel = _kernel(gqa, geo.int2_page_size, warps, min_blocks, shiftless, c[1], s[1], pipe, q.device.index)
     kernel(grid=(b, geo.n_kv_heads, n_splits), block=(32 * warps, 1, 1),
            args=[q, kv.k_codes, kv.k_scales, kv.v_codes, kv.v_scales, table, seg.int2_lens, mid_o, mid_lse,
                  float(qk_scale), q.stride(0), q.stride(1), c[0], c[2], s[0], s[2], table.stride(0),
-                 hq, total, n_splits])
+                 hq, total, n_splits], stream=torch.cuda.current_stream(q.device))
