@@ -113,7 +113,10 @@ def default_cuda_splits(batch: int, n_kv_heads: int, max_len: int | None, warps:
     bs 1 x 16K: 32 (the cap) 19.6, 128 26.2, 8 38.6; bs 1 x 32K at the cap, 64 splits = 1.3 waves:
     30.5 µs (the Triton tier: 26.8), hence the rounding to 49 (one wave; not re-timed yet)."""
     units = max(1, batch * n_kv_heads)
-    slots = 3 * num_sms * 4 // max(1, warps)  # resident CTAs at 164 registers a thread
+    # resident 4-warp CTAs per SM: 3 at the register path's 164 registers, 4 at the ring's 127
+    # (37 KB of shared memory each at pipe 4: 148 KB of 227)
+    per_sm = 4 if DEFAULT_PIPE else 3
+    slots = per_sm * num_sms * 4 // max(1, warps)
     splits = 2 * slots // units
     if max_len is not None:
         cap = max(1, math.ceil(max_len / (4 * STEP * warps)))
