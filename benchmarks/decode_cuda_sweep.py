@@ -29,6 +29,15 @@ from oscar_ray.kernels.reference import decode_attention_reference  # noqa: E402
 from oscar_ray.kernels.synthetic import random_mixed_cache  # noqa: E402
 
 
+def _variant(cfg: tuple[int, ...]) -> tuple[int, int, int | None, bool, int]:
+    """warps:splits[:min_blocks[:shiftless[:pipe]]] with the launcher's defaults filled in."""
+    warps, splits, *rest = cfg
+    minb = (rest[0] if rest else 0) or None
+    shiftless = bool(rest[1]) if len(rest) > 1 else True
+    pipe = rest[2] if len(rest) > 2 else decode_cuda.DEFAULT_PIPE
+    return warps, splits, minb, shiftless, pipe
+
+
 def func_attrs(kernel) -> str:
     lib = torch.cuda._utils._get_gpu_runtime_library()
     out = {}
@@ -84,9 +93,7 @@ def sweep(batch: int, ctx: int, configs, args) -> list[list[str]]:
 
     run("triton", int2_kernel="triton")
     original = dec.int2_tier_cuda
-    for warps, splits, *rest in configs:
-        minb, shiftless = (rest[0] if rest else 0) or None, bool(rest[1]) if len(rest) > 1 else True
-        pipe = rest[2] if len(rest) > 2 else decode_cuda.DEFAULT_PIPE
+    for warps, splits, minb, shiftless, pipe in map(_variant, configs):
         dec.int2_tier_cuda = partial(original, warps=warps, min_blocks=minb, shiftless=shiftless, pipe=pipe)
         s = splits or decode_cuda.default_cuda_splits(batch, HKV, n2, warps)
         run(f"cuda {warps}:{s}:{minb or 'default'}:{int(shiftless)}:{pipe}", int2_kernel="cuda", num_splits=s)
@@ -126,9 +133,7 @@ def main() -> int:
         rows = check(args.seed)
         lines += [f"## max |o − reference| (fp16 scales, bf16, pipe {decode_cuda.DEFAULT_PIPE})", ""]
         lines += _table(["GQA", "page", "INT2 lens", "cuda (default / 1 / 7 splits)", "triton", "max |ref|"], rows)
-    for warps, _, *rest in configs:
-        minb, shiftless = (rest[0] if rest else 0) or None, bool(rest[1]) if len(rest) > 1 else True
-        pipe = rest[2] if len(rest) > 2 else decode_cuda.DEFAULT_PIPE
+    for warps, _, minb, shiftless, pipe in map(_variant, configs):
         k = decode_cuda._kernel(4, 8, warps, minb, shiftless, 256, 16, pipe)
         lines.append(f"- kernel warps {warps} min_blocks {minb or 'default'} shiftless {int(shiftless)} pipe {pipe}: "
                      f"{func_attrs(k)}")

@@ -262,7 +262,7 @@ def int2_decode_attention(q: torch.Tensor, kv: PagedKV, seg: Segments, *, k_rota
     block_h = max(16, triton.next_power_of_2(g))
     t2, t16 = nonempty_table(seg.int2_page_table), nonempty_table(seg.bf16_page_table)
     if use_cuda:
-        int2_tier_cuda(q, kv, seg, mid_o, mid_lse, qk_scale, s2)
+        int2_tier_cuda(q, kv, geo, seg, mid_o, mid_lse, qk_scale, s2)
     _decode_stage1_kernel[(b, hkv, s16 if use_cuda else total)](
         q, kv.k_codes, kv.k_scales, kv.v_codes, kv.v_scales, t2, seg.int2_lens, kv.k_bf16, kv.v_bf16, t16,
         seg.bf16_lens, mid_o, mid_lse, qk_scale, q.stride(0), q.stride(1), *kv.v_codes.stride()[:3],

@@ -37,6 +37,7 @@ from pathlib import Path
 
 import torch
 
+from ._validate import nonempty_table
 from .layout import KVGeometry, PagedKV, Segments
 
 KERNEL_NAME = "oscar_int2_decode_d128"
@@ -48,8 +49,8 @@ _SOURCE = (Path(__file__).parent / "int2_decode.cu").read_text()
 
 
 def _min_blocks(nt: int, warps: int) -> int:
-    # register cap = 65536 / (32 · warps · min_blocks).  ptxas (sm_90, offline) wants 161 at NT 1 and
-    # 254 at NT 2 uncapped; at 4 warps, 3 CTAs (cap 170) keep NT 1 spill-free, 4 (cap 128) spill 32 B
+    # register cap = 65536 / (32 · warps · min_blocks).  ptxas (sm_90, offline) wants 164 at NT 1 and
+    # ~250 at NT 2 uncapped; at 4 warps, 3 CTAs (cap 170) keep NT 1 spill-free, 4 (cap 128) spill
     return max(1, (12 if nt == 1 else 8) // warps)
 
 
@@ -126,22 +127,20 @@ def default_cuda_splits(batch: int, n_kv_heads: int, max_len: int | None, warps:
     return max(1, min(256, splits))
 
 
-def int2_tier_cuda(q: torch.Tensor, kv: PagedKV, seg: Segments, mid_o: torch.Tensor, mid_lse: torch.Tensor,
-                   qk_scale: float, n_splits: int, warps: int = 4, min_blocks: int | None = None,
+def int2_tier_cuda(q: torch.Tensor, kv: PagedKV, geo: KVGeometry, seg: Segments, mid_o: torch.Tensor,
+                   mid_lse: torch.Tensor, qk_scale: float, n_splits: int, warps: int = 4, min_blocks: int | None = None,
                    shiftless: bool = True, pipe: int | None = None) -> None:
     """Partials of the INT2 tier into rows [0, n_splits) of mid_o [B, Hq, total, 128] / mid_lse.
 
-    q [B, Hq, 128] in the rotated K basis (any float dtype; read as fp32).  Callers check
-    cuda_unsupported() first; this launcher checks only what the kernel would silently misread.
+    q [B, Hq, 128] in the rotated K basis (any float dtype; read as fp32); geo = kv.geometry(), as
+    the caller validated it (not re-read per layer and step).  Callers check cuda_unsupported()
+    first; this launcher checks only what the kernel would silently misread.
     """
-    geo = kv.geometry()
     b, hq, d = q.shape
     gqa = hq // geo.n_kv_heads
     if q.dtype != torch.float32 or q.stride(2) != 1:
         q = q.float().contiguous()
-    table = seg.int2_page_table
-    if table.numel() == 0 or table.shape[1] == 0:
-        table = torch.zeros(b, 1, dtype=torch.int32, device=q.device)
+    table = nonempty_table(seg.int2_page_table)
     total = mid_o.shape[2]
     if not (mid_o.is_contiguous() and mid_lse.is_contiguous() and n_splits <= total):
         raise ValueError("mid_o / mid_lse must be contiguous with at least n_splits rows per head")

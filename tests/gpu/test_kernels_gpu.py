@@ -273,7 +273,7 @@ def test_decode_cuda_int2_tier_matches_reference_cuda(seed, g, page):
         for p in (0, pipe):
             mid_o.fill_(float("nan"))
             mid_lse = torch.full((len(int2), hkv * g, 9), float("nan"), device=CUDA)
-            int2_tier_cuda(q, kv, seg, mid_o, mid_lse, 0.125, 9, pipe=p)
+            int2_tier_cuda(q, kv, kv.geometry(), seg, mid_o, mid_lse, 0.125, 9, pipe=p)
             parts.append((mid_o.clone(), mid_lse.clone()))
         for a, b in zip(*parts):  # same arithmetic in the same order; only where the bytes wait differs
             assert not a.isnan().any()

@@ -203,8 +203,9 @@ def _pow2_at_least(n: int) -> int:
 def _decode(q: torch.Tensor, kv, seg: Segments, max_int2: int, max_bf16: int, append=None) -> torch.Tensor:
     """The split-K decode kernel with split counts from the longest request of each tier, rounded
     up to a power of two so that a growing context compiles O(log n) kernel variants, not one per
-    512 tokens (the INT2 tier's count and tile from the launcher's defaults for that length).  The BF16 tier gets as many splits as INT2 would when it is long (kv_cache=bf16:
-    every token is BF16; the kernel's default ≤ 8 BF16 splits leave 64 programs at batch 1).
+    512 tokens (the INT2 tier's count and tile from the launcher's defaults for that length).
+    The BF16 tier gets as many splits as INT2 would when it is long (kv_cache=bf16: every token
+    is BF16; the kernel's default ≤ 8 BF16 splits leave 64 programs at batch 1).
     append (k, v) [B, H_kv, d]: the step's new rows, written by the launch (int2_decode_attention)."""
     from oscar_ray.kernels import default_bf16_splits, default_num_splits, int2_decode_attention
 
