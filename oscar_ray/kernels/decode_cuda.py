@@ -25,14 +25,17 @@ states merge in shared memory into the same (mid_o, mid_lse) rows as the Triton 
 BF16 tier and the merge stay the Triton kernels of decode_attention.py.
 The source is int2_decode.cu; only NVRTC (torch.cuda._compile_kernel, bundled with torch's CUDA
 build) is needed, once per specialisation per process.  On CPU / under TRITON_INTERPRET this path
-is never taken: CI compiles every specialisation offline for sm_90 (test_compile_cuda_sm90.py), and
-tests/gpu checks it against the float64 reference.
+is never taken by the launcher; CI instead runs the same source, built by g++ over a lane-level
+emulator of its PTX primitives, on launch_plan()'s grid and arguments (tests/unit/kernels/cuda_emu,
+test_decode_cuda_emu.py), and compiles every specialisation for sm_90 (test_compile_cuda_sm90.py);
+tests/gpu checks it on the hardware against the float64 reference.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -127,15 +130,24 @@ def default_cuda_splits(batch: int, n_kv_heads: int, max_len: int | None, warps:
     return max(1, min(256, splits))
 
 
-def int2_tier_cuda(q: torch.Tensor, kv: PagedKV, geo: KVGeometry, seg: Segments, mid_o: torch.Tensor,
-                   mid_lse: torch.Tensor, qk_scale: float, n_splits: int, warps: int = 4, min_blocks: int | None = None,
-                   shiftless: bool = True, pipe: int | None = None) -> None:
-    """Partials of the INT2 tier into rows [0, n_splits) of mid_o [B, Hq, total, 128] / mid_lse.
+@dataclass(frozen=True)
+class CudaLaunch:
+    """One launch of the kernel: its specialisation (kernel_source's arguments), grid, block and
+    arguments in the kernel's order (tensors, then qk_scale, then the int32 strides and counts)."""
 
-    q [B, Hq, 128] in the rotated K basis (any float dtype; read as fp32); geo = kv.geometry(), as
-    the caller validated it (not re-read per layer and step).  Callers check cuda_unsupported()
-    first; this launcher checks only what the kernel would silently misread.
-    """
+    source_args: tuple  # (gqa, page, warps, min_blocks, shiftless, code_tok, scale_tok, pipe)
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    tensors: tuple  # q, k codes, k scales, v codes, v scales, table, lens, mid_o, mid_lse
+    qk_scale: float
+    ints: tuple  # sqb, sqh, c_page, c_head, s_page, s_head, s_table, n_q_heads, total_splits, n_splits
+
+
+def launch_plan(q: torch.Tensor, kv: PagedKV, geo: KVGeometry, seg: Segments, mid_o: torch.Tensor,
+                mid_lse: torch.Tensor, qk_scale: float, n_splits: int, warps: int = 4, min_blocks: int | None = None,
+                shiftless: bool = True, pipe: int | None = None) -> CudaLaunch:
+    """What int2_tier_cuda launches (device-independent: the CPU emulator of tests/unit/kernels runs
+    the same plan); raises the ValueErrors int2_tier_cuda documents."""
     b, hq, d = q.shape
     gqa = hq // geo.n_kv_heads
     if q.dtype != torch.float32 or q.stride(2) != 1:
@@ -151,11 +163,25 @@ def int2_tier_cuda(q: torch.Tensor, kv: PagedKV, geo: KVGeometry, seg: Segments,
     if pipe not in (0, 3, 4, 5, 6) or warps * pipe * STEP_BYTES > 48 * 1024:
         raise ValueError(f"pipe must be 0 or 3-6 steps with warps x pipe x {STEP_BYTES} B <= 48 KB of static "
                          f"shared memory, got pipe {pipe} at {warps} warps")
-    ints = (q.stride(0), q.stride(1), *c[:3], *s[:3], table.stride(0), hq, total, n_splits)
+    ints = (q.stride(0), q.stride(1), c[0], c[2], s[0], s[2], table.stride(0), hq, total, n_splits)
     if max(ints) >= 2**31:  # the kernel's stride / count parameters are 32-bit (offsets are 64-bit)
         raise ValueError(f"a stride or count does not fit the CUDA kernel's int32 parameters: {ints}")
-    kernel = _kernel(gqa, geo.int2_page_size, warps, min_blocks, shiftless, c[1], s[1], pipe, q.device.index)
-    kernel(grid=(b, geo.n_kv_heads, n_splits), block=(32 * warps, 1, 1),
-           args=[q, kv.k_codes, kv.k_scales, kv.v_codes, kv.v_scales, table, seg.int2_lens, mid_o, mid_lse,
-                 float(qk_scale), q.stride(0), q.stride(1), c[0], c[2], s[0], s[2], table.stride(0),
-                 hq, total, n_splits], stream=torch.cuda.current_stream(q.device))
+    return CudaLaunch((gqa, geo.int2_page_size, warps, min_blocks, shiftless, c[1], s[1], pipe),
+                      (b, geo.n_kv_heads, n_splits), (32 * warps, 1, 1),
+                      (q, kv.k_codes, kv.k_scales, kv.v_codes, kv.v_scales, table, seg.int2_lens, mid_o, mid_lse),
+                      float(qk_scale), ints)
+
+
+def int2_tier_cuda(q: torch.Tensor, kv: PagedKV, geo: KVGeometry, seg: Segments, mid_o: torch.Tensor,
+                   mid_lse: torch.Tensor, qk_scale: float, n_splits: int, warps: int = 4, min_blocks: int | None = None,
+                   shiftless: bool = True, pipe: int | None = None) -> None:
+    """Partials of the INT2 tier into rows [0, n_splits) of mid_o [B, Hq, total, 128] / mid_lse.
+
+    q [B, Hq, 128] in the rotated K basis (any float dtype; read as fp32); geo = kv.geometry(), as
+    the caller validated it (not re-read per layer and step).  Callers check cuda_unsupported()
+    first; this launcher checks only what the kernel would silently misread.
+    """
+    plan = launch_plan(q, kv, geo, seg, mid_o, mid_lse, qk_scale, n_splits, warps, min_blocks, shiftless, pipe)
+    kernel = _kernel(*plan.source_args, q.device.index)
+    kernel(grid=plan.grid, block=plan.block, args=[*plan.tensors, plan.qk_scale, *plan.ints],
+           stream=torch.cuda.current_stream(q.device))

@@ -16,29 +16,12 @@ typedef unsigned int u32;
 #define FULL 0xffffffffu
 #define NEG_INF __int_as_float(0xff800000)
 
+// The PTX primitives.  tests/unit/kernels/cuda_emu.h defines the same functions for a CPU build of
+// this file (OSCAR_CPU_EMU), which runs the kernel lane by lane in CI; everything below the block
+// is compiled unchanged on both.
+#ifndef OSCAR_CPU_EMU
 template <u32 M> __device__ __forceinline__ u32 lopm(u32 x) {  // (x & M) | bf16(128) in both lanes
     u32 r; asm("lop3.b32 %0, %1, %2, 0x43004300, 0xEA;" : "=r"(r) : "r"(x), "n"(M)); return r;
-}
-// code kk (bits 2kk, 2kk + 1) of the bytes in lanes 0 and 2 of x, as two bf16.  SHIFTLESS: masks in
-// place for kk = 0..2 give 128 + 4^kk·c (exact: <= 176, bf16 ulp 1 below 256), so 3 shifts per word
-// instead of 7; the 4^kk is divided out of q (keys) and of the output rows (values).  kk = 3 would
-// reach the exponent bit and is shifted down.
-__device__ __forceinline__ u32 code(u32 x, int kk) {
-#if SHIFTLESS
-    if (kk == 0) return lopm<0x00030003u>(x);
-    if (kk == 1) return lopm<0x000C000Cu>(x);
-    if (kk == 2) return lopm<0x00300030u>(x);
-    return lopm<0x00030003u>(x >> 6);
-#else
-    return lopm<0x00030003u>(x >> (2 * kk));
-#endif
-}
-__device__ __forceinline__ float code_scale(int kk) {  // 1 / 4^kk of code(): what q and o rows carry
-#if SHIFTLESS
-    return kk == 1 ? 0.25f : (kk == 2 ? 0.0625f : 1.0f);
-#else
-    return 1.0f;
-#endif
 }
 __device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 sel) {
     u32 r; asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel)); return r;
@@ -46,8 +29,6 @@ __device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 sel) {
 __device__ __forceinline__ u32 pack_bf16(float lo, float hi) {
     u32 r; asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo)); return r;
 }
-__device__ __forceinline__ float bf16_lo(u32 x) { return __uint_as_float(x << 16); }
-__device__ __forceinline__ float bf16_hi(u32 x) { return __uint_as_float(x & 0xffff0000u); }
 __device__ __forceinline__ u32 trans8(u32 x) {
     u32 r; asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(r) : "r"(x)); return r;
 }
@@ -74,6 +55,32 @@ __device__ __forceinline__ float2 halves(u32 x) {  // fp16 (s, z) pair -> floats
     float a, b;
     asm("{.reg .b16 l, h; mov.b32 {l, h}, %2; cvt.f32.f16 %0, l; cvt.f32.f16 %1, h;}" : "=f"(a), "=f"(b) : "r"(x));
     return make_float2(a, b);
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;"); }
+template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;" :: "n"(N)); }
+#endif  // OSCAR_CPU_EMU
+__device__ __forceinline__ float bf16_lo(u32 x) { return __uint_as_float(x << 16); }
+__device__ __forceinline__ float bf16_hi(u32 x) { return __uint_as_float(x & 0xffff0000u); }
+// code kk (bits 2kk, 2kk + 1) of the bytes in lanes 0 and 2 of x, as two bf16.  SHIFTLESS: masks in
+// place for kk = 0..2 give 128 + 4^kk·c (exact: <= 176, bf16 ulp 1 below 256), so 3 shifts per word
+// instead of 7; the 4^kk is divided out of q (keys) and of the output rows (values).  kk = 3 would
+// reach the exponent bit and is shifted down.
+__device__ __forceinline__ u32 code(u32 x, int kk) {
+#if SHIFTLESS
+    if (kk == 0) return lopm<0x00030003u>(x);
+    if (kk == 1) return lopm<0x000C000Cu>(x);
+    if (kk == 2) return lopm<0x00300030u>(x);
+    return lopm<0x00030003u>(x >> 6);
+#else
+    return lopm<0x00030003u>(x >> (2 * kk));
+#endif
+}
+__device__ __forceinline__ float code_scale(int kk) {  // 1 / 4^kk of code(): what q and o rows carry
+#if SHIFTLESS
+    return kk == 1 ? 0.25f : (kk == 2 ? 0.0625f : 1.0f);
+#else
+    return 1.0f;
+#endif
 }
 
 struct Tile {  // one 16-token tile's bytes as this thread's fragments need them
@@ -322,13 +329,13 @@ oscar_int2_decode_d128(const float* __restrict__ q, const unsigned char* __restr
         cp16(slot + 1024 + lane * 32 + 16, vg + 16, on);
         cp4(slot + 2048 + lane * 4, ksr + (long long)pg * s_page + o * S_TOK, on);
         cp4(slot + 2176 + lane * 4, vsr + (long long)pg * s_page + o * S_TOK, on);
-        asm volatile("cp.async.commit_group;");
+        cp_commit();
     };
     const int steps = (end - (start + warp * 32) + stride - 1) / stride;  // may be <= 0
 #pragma unroll
     for (int i = 0; i < PIPE - 1; ++i) issue(i);
     for (int i = 0; i < steps; ++i) {
-        asm volatile("cp.async.wait_group %0;" :: "n"(PIPE - 2));
+        cp_wait<PIPE - 2>();
         __syncwarp();
         const unsigned char* slot = ring + (i % PIPE) * STEP_BYTES;
         Tile T[2];
@@ -350,7 +357,7 @@ oscar_int2_decode_d128(const float* __restrict__ q, const unsigned char* __restr
         issue(i + PIPE - 1);
         process(T, start + warp * 32 + i * stride);
     }
-    asm volatile("cp.async.wait_group 0;");
+    cp_wait<0>();
     __syncthreads();  // sh_o aliases the rings
 #else
     // two register buffers in ping-pong: the next step's bytes are in flight while this one computes

@@ -1,10 +1,10 @@
 """The CUDA decode kernel (kernels/decode_cuda.py) compiles for sm_90 on a CPU host, without spills.
 
-It cannot run without a GPU (no interpreter for CUDA C++), so CI checks what can be checked here:
-every specialisation the launcher builds goes through NVRTC (the nvidia-cuda-nvrtc wheel of the dev
-extra, the same compiler torch.cuda._compile_kernel calls on the GPU host) to PTX for compute_90,
-then through Triton's bundled ptxas for sm_90; registers must fit the launch bounds with no local
-memory.  Its numbers are tested on the GPU (tests/gpu/test_kernels_gpu.py).
+Its numbers are checked on the CPU by the emulator (test_decode_cuda_emu.py) and on the GPU
+(tests/gpu/test_kernels_gpu.py); here, what only the real toolchain shows: every specialisation the
+launcher builds goes through NVRTC (the nvidia-cuda-nvrtc wheel of the dev extra, the same compiler
+torch.cuda._compile_kernel calls on the GPU host) to PTX for compute_90, then through Triton's
+bundled ptxas for sm_90; registers must fit the launch bounds with no local memory.
 """
 
 import ctypes

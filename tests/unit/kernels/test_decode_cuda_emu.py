@@ -1,0 +1,108 @@
+"""The CUDA INT2-tier decode kernel (int2_decode.cu), run on the CPU by a lane-level emulator.
+
+tests/unit/kernels/cuda_emu builds the kernel source itself with g++ (its inline-PTX primitives
+replaced by emulated mma.sync / movmatrix / shuffles / cp.async, fragment maps from the PTX ISA) and
+runs the launcher's own plan (decode_cuda.launch_plan).  So CI checks the kernel's numbers, not only
+that it compiles (test_compile_cuda_sm90.py); tests/gpu runs the same checks on the hardware.
+"""
+
+import pytest
+import torch
+
+from oscar_ray.kernels import decode_attention as dec
+from oscar_ray.kernels import decode_cuda, int2_decode_attention
+from oscar_ray.kernels.reference import decode_attention_reference
+from oscar_ray.kernels.synthetic import random_mixed_cache
+from tests.unit.kernels import cuda_emu
+from tests.utils import assert_close_verbose
+
+pytestmark = pytest.mark.skipif(cuda_emu.available() is not None, reason=str(cuda_emu.available()))
+D = 128
+LOG2E = 1.4426950408889634
+BF16_TOL = (3e-3, 1e-2)  # bf16 q and P' operands, as tests/gpu's CUDA-tier test
+
+
+@pytest.fixture
+def cuda_tier(monkeypatch):
+    """int2_decode_attention with its INT2 tier served by the emulated kernel, as int2_kernel="cuda"
+    does on a GPU (the BF16 tier and the merge stay the Triton kernels, interpreted); set keys of
+    the returned dict to pass launcher options (warps, pipe, shiftless) or early=True."""
+    options: dict = {}
+
+    def tier(q, kv, geo, seg, mid_o, mid_lse, qk_scale, n_splits, **kw):
+        opts = dict(options)
+        early = opts.pop("early", False)
+        plan = decode_cuda.launch_plan(q, kv, geo, seg, mid_o, mid_lse, qk_scale, n_splits, **{**kw, **opts})
+        cuda_emu.run(plan, early)
+
+    monkeypatch.setattr(dec, "cuda_unsupported", lambda *a: None)
+    monkeypatch.setattr(dec, "int2_tier_cuda", tier)
+    return options
+
+
+def _cache(g, page, int2, bf16, seed):
+    hkv = 2 if g < 8 else 1
+    kv, seg = random_mixed_cache(int2, bf16, hkv, D, int2_page_size=page, scale_dtype=torch.float16, seed=seed)
+    return kv, seg, torch.randn(len(int2), hkv * g, D)
+
+
+# lengths at the 16-token tile, 32-token step and page boundaries, an empty INT2 tier, one token
+INT2 = [700, 0, 1, 16, 17, 31, 32, 33, 4 * 128 + 15]
+BF16 = [320, 5, 0, 64, 1, 263, 320, 8, 100]
+
+
+@pytest.mark.parametrize("g, page", [(1, 8), (3, 16), (4, 8), (4, 64), (8, 8), (12, 32), (16, 8)])
+def test_cuda_tier_matches_reference(cuda_tier, seed, g, page):
+    kv, seg, q = _cache(g, page, INT2, BF16, seed)
+    ref = decode_attention_reference(q, kv, seg)
+    for splits in (None, 7) if g != 4 else (None, 1, 7, 200):  # 200: CTAs and warps without tokens
+        out = int2_decode_attention(q, kv, seg, num_splits=splits, bf16_splits=2)
+        assert_close_verbose(out, ref, *BF16_TOL, what=f"g={g} page={page} splits={splits}")
+
+
+@pytest.mark.parametrize("opts", [{"warps": 1}, {"warps": 2}, {"warps": 8}, {"shiftless": False},
+                                  {"pipe": 4}, {"pipe": 5, "warps": 2}])
+def test_cuda_tier_launcher_options(cuda_tier, seed, opts):
+    kv, seg, q = _cache(4, 16, [600, 33, 0], [70, 0, 9], seed)
+    cuda_tier.update(opts)
+    out = int2_decode_attention(q, kv, seg, num_splits=3, bf16_splits=2)
+    assert_close_verbose(out, decode_attention_reference(q, kv, seg), *BF16_TOL, what=str(opts))
+
+
+def _partials(q, kv, seg, splits, pipe, early, warps=4):
+    b, hq, _ = q.shape
+    mid_o = torch.full((b, hq, splits, D), float("nan"))
+    mid_lse = torch.full((b, hq, splits), float("nan"))
+    plan = decode_cuda.launch_plan(q, kv, kv.geometry(), seg, mid_o, mid_lse, LOG2E / D**0.5, splits,
+                                   warps=warps, pipe=pipe)
+    cuda_emu.run(plan, early)
+    return mid_o, mid_lse
+
+
+@pytest.mark.parametrize("pipe, warps", [(3, 4), (4, 4), (6, 2)])
+def test_cp_async_ring_equals_register_path(seed, pipe, warps):
+    # same arithmetic in the same order; only where the bytes wait differs.  Copies landing at the
+    # wait (the latest legal time) catch a read before it; landing at issue, a slot refilled too early
+    kv, seg, q = _cache(12, 8, [1000, 40, 0, 1], [0, 0, 0, 0], seed)
+    ref_o, ref_lse = _partials(q, kv, seg, 5, 0, False, warps)
+    assert not ref_o.isnan().any() and not ref_lse.isnan().any()
+    for early in (False, True):
+        o, lse = _partials(q, kv, seg, 5, pipe, early, warps)
+        assert torch.equal(o, ref_o) and torch.equal(lse, ref_lse), f"pipe {pipe} early={early}"
+
+
+def test_partial_rows_are_per_split_softmax(seed):
+    # row s of (mid_o, mid_lse) is the softmax over split s's tokens alone: split_len = ceil(n / S)
+    # rounded up to the 32-token step, so split 2 of 3 over 100 tokens holds tokens 64..99
+    kv, seg, q = _cache(4, 8, [100], [0], seed)
+    o, lse = _partials(q, kv, seg, 3, decode_cuda.DEFAULT_PIPE, False)
+    for s, (lo, hi) in enumerate(((0, 64), (64, 100), (100, 100))):
+        sub = random_mixed_cache([hi - lo], [0], 2, D, int2_page_size=8, scale_dtype=torch.float16)[1]
+        if hi == lo:
+            assert torch.isinf(lse[0, :, s]).all() and (lse[0, :, s] < 0).all() and (o[0, :, s] == 0).all()
+            continue
+        pages = seg.int2_page_table[:, lo // 8:(hi + 7) // 8].contiguous()
+        sub = type(sub)(pages, torch.tensor([hi - lo], dtype=torch.int32), sub.bf16_page_table[:, :0],
+                        torch.zeros(1, dtype=torch.int32))
+        ref = decode_attention_reference(q, kv, sub)
+        assert_close_verbose(o[0, :, s], ref[0], *BF16_TOL, what=f"split {s}")
