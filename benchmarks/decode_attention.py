@@ -28,6 +28,7 @@ import triton
 from oscar_ray.kernels import (bf16_write, bf16_write_kv, default_num_splits, demote_pages, demote_pages_kv,
                                int2_decode_attention, int2_extend_attention, int2_write, int2_write_kv)
 from oscar_ray.kernels.decode_attention import default_block_n
+from oscar_ray.kernels import decode_cuda
 from oscar_ray.kernels.decode_cuda import cuda_unsupported, default_cuda_splits
 from oscar_ray.kernels.synthetic import random_mixed_cache
 
@@ -193,17 +194,22 @@ def bench_writes(batch: int, args, device: str) -> list[str]:
                               demote_pages(vpages, slots, slots, vcodes, vscales, 0.0, **kw))] * n
     demkv = lambda n: [lambda: demote_pages_kv(pages, vpages, slots, slots, codes, scales, vcodes, vscales,
                                                0.96, 0.0, **kw)] * n
-    t16, t16kv, t2, t2kv, t2f, td, tdkv = (time_calls(f, 0, args)
-                                           for f in (two16, one16, two2, one2, one2_single, dem, demkv))
+    # the sglang decode step now: the INT2 write hands its rotated rows to the decode launch, which
+    # stores the BF16 copy (append_k / append_v, the decode table's append cost)
+    one2_rot = lambda n: [lambda: int2_write_kv(x, x, r, r, 0.96, 0.0, slots, zero, codes, scales, vcodes, vscales,
+                                                return_rotated=True, **kw)] * n
+    t16, t16kv, t2, t2kv, t2f, td, tdkv, t2rot = (time_calls(f, 0, args) for f in
+                                                  (two16, one16, two2, one2, one2_single, dem, demkv, one2_rot))
     return [str(batch), _fmt(t16), _fmt(t16kv), _fmt(t2), _fmt(t2kv), _fmt(t2f), _fmt(td), _fmt(tdkv),
-            f"{t16kv[1] + tdkv[1] / PAGE:.1f}", f"{tdkv[1] / PAGE:.1f}", f"{t16kv[1] + t2kv[1]:.1f}"]
+            f"{t16kv[1] + tdkv[1] / PAGE:.1f}", f"{tdkv[1] / PAGE:.1f}", f"{t16kv[1] + t2kv[1]:.1f}", _fmt(t2rot)]
 
 
 WRITE_HEADER = ["batch", "bf16_write ×2 µs", "bf16_write_kv µs", "int2_write ×2 µs",
                 "int2_write_kv µs (default: two-pass at N ≤ 64)", "int2_write_kv one-launch µs",
                 "demote ×2 µs", "demote_kv µs", f"torch engine step, unfused µs (bf16_kv + demote_kv/{PAGE})",
                 f"demote_kv/{PAGE} µs (the fused step: this + the decode table's append cost)",
-                "sglang step µs (int2_kv + bf16_kv)"]
+                "sglang step before µs (int2_kv + bf16_kv)",
+                "sglang step µs (int2_kv, rotated rows out; + the decode table's append cost)"]
 
 
 def time_eager(fn, args) -> tuple[float, float, float]:
@@ -310,8 +316,12 @@ def main(argv: list[str] | None = None) -> int:
                    help="ptxas maxnreg for the INT2 stage-1 kernel (0: ptxas; default: the launcher's)")
     p.add_argument("--int2-kernel", default="auto", choices=["auto", "triton", "cuda"],
                    help="who computes the INT2 tier (int2_decode_attention's int2_kernel)")
+    p.add_argument("--cuda-pipe", type=int, default=None,
+                   help="decode_cuda.DEFAULT_PIPE for the CUDA INT2 tier (0: register prefetch; 3-6: cp.async ring)")
     p.add_argument("--peak-gbs", type=float, default=4600.0, help="HBM bandwidth for the %% column (H200)")
     args = p.parse_args(argv)
+    if args.cuda_pipe is not None:  # default_cuda_splits reads it too (4 resident CTAs per SM with the ring)
+        decode_cuda.DEFAULT_PIPE = args.cuda_pipe
     args.scale_dtype = getattr(torch, args.scale_dtype)
     if args.smoke:
         if os.environ.get("TRITON_INTERPRET") != "1":
@@ -338,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
         f"- torch {torch.__version__}, triton {triton.__version__}, commit {_commit()},"
         f" python {sys.version.split()[0]}",
         f"- geometry: {HQ} q heads, {HKV} KV heads, d {D}, page {PAGE}; BF16 sink {SINK} + recent {RECENT} tokens,"
-        f" INT2 rest ({args.key_bits}-bit keys); scales {str(args.scale_dtype).split('.')[-1]}; decode precision {args.precision}, INT2 tier kernel {args.int2_kernel},"
+        f" INT2 rest ({args.key_bits}-bit keys); scales {str(args.scale_dtype).split('.')[-1]}; decode precision {args.precision}, INT2 tier kernel {args.int2_kernel} (CUDA pipe {decode_cuda.DEFAULT_PIPE}),"
         f" block_n {args.block_n or 'default_block_n'}, warps {args.num_warps} (writes {args.write_warps or 'launcher default'}),"
         f" stages {args.num_stages},"
         f" maxnreg {'launcher default' if args.max_registers is None else args.max_registers or 'ptxas'}",

@@ -11,6 +11,7 @@ import ctypes
 import importlib.util
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -67,3 +68,19 @@ def test_cuda_decode_compiles_for_sm90_without_spills(tmp_path, gqa, page, warps
     assert spills == [0, 0] and stack == 0, info
     nt = -(-gqa // 8)
     assert regs <= 65536 // (32 * warps * decode_cuda._min_blocks(nt, warps)), info
+
+
+@pytest.mark.parametrize("gqa, pipe", [(4, 0), (4, 4), (12, 0)])
+def test_sass_cost_model_walks_the_main_loop(gqa, pipe):
+    # benchmarks/cuda_sass_count.py's walk of the loop's common path: a 32-token step is 16 QK and 16
+    # PV MMAs per n-tile, and the register path's loop body holds two steps
+    _nvrtc(), _ptxas()
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
+    import cuda_sass_count
+
+    listing, _ = cuda_sass_count.sass(decode_cuda.kernel_source(gqa, 8, 4, pipe=pipe))
+    path = cuda_sass_count.loop_path(listing)
+    steps, nt = (1 if pipe else 2), -(-gqa // 8)
+    assert sum(op.startswith("HMMA") for op in path) == 32 * steps * nt
+    assert sum(op.startswith("MUFU.EX2") for op in path) >= 8 * steps * nt  # p = 2^(s - m): 8 scores a lane
+    assert 10 * 32 * steps < len(path) < 40 * 32 * steps
