@@ -100,7 +100,7 @@ def bench_decode(batch: int, ctx: int, args, device: str) -> list[str] | None:
                   + 2 * batch * HQ * D * 4)
     sdpa_bytes = batch * ctx * HKV * D * 2 * 2 + 2 * batch * HQ * D * 2
     if not _fits(3 * (ours_bytes + sdpa_bytes), device):
-        return [str(batch), str(ctx), "skipped (memory)", "", "", "", "", "", "", "", ""]
+        return [str(batch), str(ctx), "skipped (memory)", "", "", "", "", "", "", "", "", ""]
     kv, seg = random_mixed_cache([n2] * batch, [SINK + RECENT] * batch, HKV, D, scale_dtype=args.scale_dtype,
                                  device=device, key_bits=args.key_bits)
     block_n = args.block_n or default_block_n(batch, HKV, n2)
@@ -114,19 +114,39 @@ def bench_decode(batch: int, ctx: int, args, device: str) -> list[str] | None:
     # engine's rotated rows are, stored into each request's last BF16-tier slot by the same launch
     new_k, new_v = (torch.randn(batch, HKV, D, device=device) for _ in "kv")
 
-    def ours(copies, append=False):
+    # the sglang decode step's whole write inside the launch: rotate by R_K (which also rotates q, a
+    # torch matmul outside the kernels, so its baseline is the plain launch with R_K), store BF16 and
+    # INT2 (into unused INT2 pages), clip K 0.96
+    r_k = torch.linalg.qr(torch.randn(D, D, device=device))[0].contiguous()
+    used = set(seg.int2_page_table.flatten().tolist())
+    free = torch.tensor([p for p in range(kv.k_codes.shape[0]) if p not in used], dtype=torch.int32, device=device)
+    slot = torch.arange(batch, device=device)
+    int2_slot = (free[slot // PAGE % free.numel()].contiguous(), (slot % PAGE).to(torch.int32))
+
+    def ours(copies, append=None):
         caches = [(kv, seg)] + [(type(kv)(*[t.clone() for t in list(_tensors(kv))], kv.group_size, kv.key_bits),
                                  type(seg)(*[t.clone() for t in _tensors(seg)])) for _ in range(copies - 1)]
+        extra = {}
+        if append == "ring":
+            extra = dict(append_k=new_k, append_v=new_v)
+        elif append in ("rot", "sglang"):
+            extra = dict(k_rotation=r_k)
+            if append == "sglang":
+                extra.update(append_k=new_k, append_v=new_v, rotate_append=True, append_int2=int2_slot,
+                             append_clip=(0.96, 0.0))
         return [lambda c=c: int2_decode_attention(q, c[0], c[1], num_splits=splits, block_n=block_n,
                                                   num_warps=args.num_warps, num_stages=args.num_stages,
                                                   precision=args.precision, max_registers=args.max_registers,
-                                                  int2_kernel=args.int2_kernel,
-                                                  append_k=new_k if append else None,
-                                                  append_v=new_v if append else None)
+                                                  int2_kernel=args.int2_kernel, **extra)
                 for c in caches]
 
     t_ours = time_calls(ours, ours_bytes, args)
-    t_fused = time_calls(lambda copies: ours(copies, append=True), ours_bytes, args)
+    t_fused = time_calls(lambda copies: ours(copies, append="ring"), ours_bytes, args)
+    sgl = ""
+    if ctx == args.contexts[0]:  # the write's cost does not depend on the context
+        t_rot = time_calls(lambda copies: ours(copies, append="rot"), ours_bytes, args)
+        t_sgl = time_calls(lambda copies: ours(copies, append="sglang"), ours_bytes, args)
+        sgl = f"{t_sgl[1] - t_rot[1]:+.1f} ({_fmt(t_sgl)} vs {_fmt(t_rot)})"
     del kv, seg
     # separate K and V tensors: one tensor for both would let V reads hit L2 right after the K reads
     kb, vb = (torch.randn(batch, HKV, ctx, D, device=device, dtype=torch.bfloat16) for _ in "kv")
@@ -143,7 +163,7 @@ def bench_decode(batch: int, ctx: int, args, device: str) -> list[str] | None:
     return [str(batch), str(ctx), _fmt(t_ours), f"{gbs:.0f}", f"{100 * gbs / args.peak_gbs:.0f}%",
             f"{splits} / {'cuda' if cuda else block_n}",
             f"{_fmt(t_sdpa)} {backend}", f"{sdpa_bytes / t_sdpa[1] / 1e3:.0f}", f"{t_sdpa[1] / t_ours[1]:.2f}×",
-            _fmt(t_fused), f"{t_fused[1] - t_ours[1]:+.1f}"]
+            _fmt(t_fused), f"{t_fused[1] - t_ours[1]:+.1f}", sgl]
 
 
 def _tensors(obj):
@@ -194,22 +214,17 @@ def bench_writes(batch: int, args, device: str) -> list[str]:
                               demote_pages(vpages, slots, slots, vcodes, vscales, 0.0, **kw))] * n
     demkv = lambda n: [lambda: demote_pages_kv(pages, vpages, slots, slots, codes, scales, vcodes, vscales,
                                                0.96, 0.0, **kw)] * n
-    # the sglang decode step now: the INT2 write hands its rotated rows to the decode launch, which
-    # stores the BF16 copy (append_k / append_v, the decode table's append cost)
-    one2_rot = lambda n: [lambda: int2_write_kv(x, x, r, r, 0.96, 0.0, slots, zero, codes, scales, vcodes, vscales,
-                                                return_rotated=True, **kw)] * n
-    t16, t16kv, t2, t2kv, t2f, td, tdkv, t2rot = (time_calls(f, 0, args) for f in
-                                                  (two16, one16, two2, one2, one2_single, dem, demkv, one2_rot))
+    t16, t16kv, t2, t2kv, t2f, td, tdkv = (time_calls(f, 0, args)
+                                           for f in (two16, one16, two2, one2, one2_single, dem, demkv))
     return [str(batch), _fmt(t16), _fmt(t16kv), _fmt(t2), _fmt(t2kv), _fmt(t2f), _fmt(td), _fmt(tdkv),
-            f"{t16kv[1] + tdkv[1] / PAGE:.1f}", f"{tdkv[1] / PAGE:.1f}", f"{t16kv[1] + t2kv[1]:.1f}", _fmt(t2rot)]
+            f"{t16kv[1] + tdkv[1] / PAGE:.1f}", f"{tdkv[1] / PAGE:.1f}", f"{t16kv[1] + t2kv[1]:.1f}"]
 
 
 WRITE_HEADER = ["batch", "bf16_write ×2 µs", "bf16_write_kv µs", "int2_write ×2 µs",
                 "int2_write_kv µs (default: two-pass at N ≤ 64)", "int2_write_kv one-launch µs",
                 "demote ×2 µs", "demote_kv µs", f"torch engine step, unfused µs (bf16_kv + demote_kv/{PAGE})",
                 f"demote_kv/{PAGE} µs (the fused step: this + the decode table's append cost)",
-                "sglang step before µs (int2_kv + bf16_kv)",
-                "sglang step µs (int2_kv, rotated rows out; + the decode table's append cost)"]
+                "sglang step with separate writes µs (int2_kv + bf16_kv; now inside the decode launch, decode table)"]
 
 
 def time_eager(fn, args) -> tuple[float, float, float]:
@@ -356,7 +371,9 @@ def main(argv: list[str] | None = None) -> int:
         f" + q/o; SDPA: BF16 K/V + q/o); % of {args.peak_gbs / 1000:.1f} TB/s; speedup = SDPA µs / ours µs", "",
         "## Decode (one query per request, one layer)", "",
         *_table(["batch", "context", "ours µs", "ours GB/s", "% peak", "splits / block_n", "SDPA µs (backend)",
-                 "SDPA GB/s", "speedup", "ours + fused append µs", "append cost µs"], decode), "",
+                 "SDPA GB/s", "speedup", "ours + fused append µs", "append cost µs",
+                 "sglang fused write cost µs (rotate + BF16 + INT2 in the launch, vs the same launch with R_K)"],
+                decode), "",
         "## Writes per decode step (one token per request, K + V, one layer)", "",
         "bf16_write = rotate + store into the BF16 ring (the torch engine's decode path); int2_write = fused"
         " rotate + clip + quantise + pack (K clip 0.96, V none; the sglang pool writes both every step);"

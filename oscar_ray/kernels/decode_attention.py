@@ -22,8 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ._append import _append_step, append_args
 from ._attn_tiles import _int2_step, _load_q4, _page_bases, _rows_step, _store4
-from ._quant_tiles import _round_bf16
 from ._validate import (FLOAT_ROWS, check_positive, check_pow2, check_precision, check_rotation, check_tensor,
                         nonempty_table)
 from .decode_cuda import cuda_unsupported, default_cuda_splits, int2_tier_cuda
@@ -37,10 +37,10 @@ H200_SMS = 132
 @triton.jit
 def _tier_partial(q_ptr, k_ptr, ks_ptr, v_ptr, vs_ptr, table_ptr, lens_ptr, mid_o_ptr, mid_lse_ptr,
                   qk_scale, sqb, sqh, s_page, s_tok, s_head, sk_page, sk_tok, sk_head, ss_page, ss_tok, ss_head,
-                  s_table, n_q_heads, b, kh, split, row_split, total_splits, ak_ptr, av_ptr, sab, sah,
+                  s_table, n_q_heads, b, kh, split, row_split, total_splits,
                   GQA: tl.constexpr, PAGE: tl.constexpr, D: tl.constexpr, GS: tl.constexpr,
                   INT2: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_H: tl.constexpr,
-                  BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, KEY_BITS: tl.constexpr, APPEND: tl.constexpr):
+                  BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, KEY_BITS: tl.constexpr):
     """Split `split` of one tier of request b, KV head kh → partial row `row_split` of mid_o / mid_lse."""
     QD: tl.constexpr = D // 4
     seq_len = tl.load(lens_ptr + b)
@@ -60,19 +60,6 @@ def _tier_partial(q_ptr, k_ptr, ks_ptr, v_ptr, vs_ptr, table_ptr, lens_ptr, mid_
     a2 = tl.zeros([BLOCK_H, QD], tl.float32)
     a3 = tl.zeros([BLOCK_H, QD], tl.float32)
     table = table_ptr + b.to(tl.int64) * s_table
-    if APPEND:
-        # the fused ring write: the split that owns the tier's last token stores the step's new K/V
-        # row there first, so this launch replaces bf16_write_kv + attention (one launch fewer per
-        # layer and step); the splits partition the tokens, so no other program reads that slot
-        last = seq_len - 1
-        if (last >= start) & (last < end):
-            col = tl.arange(0, D)
-            page = tl.load(table + last // PAGE).to(tl.int64)
-            dst = page * s_page + (last % PAGE) * s_tok + kh * s_head + col
-            src = b.to(tl.int64) * sab + kh * sah + col
-            tl.store(k_ptr + dst, _round_bf16(tl.load(ak_ptr + src).to(tl.float32)))
-            tl.store(v_ptr + dst, _round_bf16(tl.load(av_ptr + src).to(tl.float32)))
-            tl.debug_barrier()  # bar.sync: the CTA's own stores are visible to its loads below
     for n0 in range(start, end, BLOCK_N):
         offs = n0 + tl.arange(0, BLOCK_N)
         nmask = offs < end
@@ -99,11 +86,14 @@ def _tier_partial(q_ptr, k_ptr, ks_ptr, v_ptr, vs_ptr, table_ptr, lens_ptr, mid_
 @triton.jit
 def _decode_stage1_kernel(q_ptr, kc_ptr, ks_ptr, vc_ptr, vs_ptr, t2_ptr, l2_ptr, kb_ptr, vb_ptr, t16_ptr, l16_ptr,
                           mid_o_ptr, mid_lse_ptr, qk_scale, sqb, sqh, scp, sct, sch, skp, skt, skh, ssp, sst, ssh,
-                          st2, sbp, sbt, sbh, st16, n_q_heads, ak_ptr, av_ptr, sab, sah, split0,
+                          st2, sbp, sbt, sbh, st16, n_q_heads, ak_ptr, av_ptr, rk_ptr, rv_ptr, ap_ptr, ao_ptr,
+                          sab, sah, srkh, srvh, split0,
                           GQA: tl.constexpr, PAGE2: tl.constexpr, PAGE16: tl.constexpr, D: tl.constexpr,
                           GS: tl.constexpr, SPLITS2: tl.constexpr, SPLITS16: tl.constexpr, BLOCK_H: tl.constexpr,
                           BLOCK_N2: tl.constexpr, BLOCK_N16: tl.constexpr, PRECISION: tl.constexpr,
-                          KEY_BITS: tl.constexpr, APPEND: tl.constexpr):
+                          KEY_BITS: tl.constexpr, APPEND: tl.constexpr, ROT_K: tl.constexpr, ROT_V: tl.constexpr,
+                          KC: tl.constexpr, INT2W: tl.constexpr, CLIP_K: tl.constexpr, IDX_K: tl.constexpr,
+                          CLIP_V: tl.constexpr, IDX_V: tl.constexpr, SCALE_FP16: tl.constexpr):
     # both tiers in one launch (splits [0, SPLITS2) INT2, the rest BF16): one kernel launch fewer per
     # layer and step, ~4 µs of a 25 µs bs-1 16K step on the H200
     b = tl.program_id(0)
@@ -113,13 +103,17 @@ def _decode_stage1_kernel(q_ptr, kc_ptr, ks_ptr, vc_ptr, vs_ptr, t2_ptr, l2_ptr,
     if split < SPLITS2:
         _tier_partial(q_ptr, kc_ptr, ks_ptr, vc_ptr, vs_ptr, t2_ptr, l2_ptr, mid_o_ptr, mid_lse_ptr, qk_scale, sqb, sqh,
                       scp, sct, sch, skp, skt, skh, ssp, sst, ssh, st2, n_q_heads, b, kh, split, split, total,
-                      ak_ptr, av_ptr, sab, sah, GQA, PAGE2, D, GS, True, SPLITS2, BLOCK_H, BLOCK_N2, PRECISION,
-                      KEY_BITS, False)
+                      GQA, PAGE2, D, GS, True, SPLITS2, BLOCK_H, BLOCK_N2, PRECISION, KEY_BITS)
     else:
+        if APPEND:  # the step's new token, stored by the split owning its slot before anything reads it
+            _append_step(b, kh, split - SPLITS2, l16_ptr, t16_ptr, st16, kb_ptr, vb_ptr, sbp, sbt, sbh,
+                         ak_ptr, av_ptr, sab, sah, rk_ptr, rv_ptr, srkh, srvh, ap_ptr, ao_ptr,
+                         kc_ptr, ks_ptr, vc_ptr, vs_ptr, skp, skt, skh, scp, sct, sch, ssp, sst, ssh,
+                         PAGE16, D, GS, SPLITS16, BLOCK_N16, ROT_K, ROT_V, KC, INT2W, CLIP_K, IDX_K, CLIP_V, IDX_V,
+                         SCALE_FP16, KEY_BITS)
         _tier_partial(q_ptr, kb_ptr, kb_ptr, vb_ptr, vb_ptr, t16_ptr, l16_ptr, mid_o_ptr, mid_lse_ptr, qk_scale, sqb,
                       sqh, sbp, sbt, sbh, 0, 0, 0, 0, 0, 0, st16, n_q_heads, b, kh, split - SPLITS2, split, total,
-                      ak_ptr, av_ptr, sab, sah, GQA, PAGE16, D, GS, False, SPLITS16, BLOCK_H, BLOCK_N16, PRECISION,
-                      2, APPEND)
+                      GQA, PAGE16, D, GS, False, SPLITS16, BLOCK_H, BLOCK_N16, PRECISION, 2)
 
 
 @triton.jit
@@ -179,7 +173,9 @@ def int2_decode_attention(q: torch.Tensor, kv: PagedKV, seg: Segments, *, k_rota
                           num_warps: int = 4, num_stages: int | None = None, precision: str = "bf16",
                           num_sms: int = H200_SMS, max_registers: int | None = None,
                           append_k: torch.Tensor | None = None, append_v: torch.Tensor | None = None,
-                          int2_kernel: str = "auto") -> torch.Tensor:
+                          int2_kernel: str = "auto", rotate_append: bool = False,
+                          append_int2: tuple[torch.Tensor, torch.Tensor] | None = None,
+                          append_clip: tuple[float, float] = (0.0, 0.0)) -> torch.Tensor:
     """One decode query per request over its INT2 + BF16 tokens → o [B, Hq, d] float32.
 
     q [B, Hq, d] is in the rotated K basis unless k_rotation (fp32 [d, d] or [H_kv, d, d]) is given,
@@ -201,7 +197,14 @@ def int2_decode_attention(q: torch.Tensor, kv: PagedKV, seg: Segments, *, k_rota
     append_k / append_v [B, H_kv, d] (both or neither, in the cache's rotated basis): the step's new
     token of each request, stored as bf16 into that request's last BF16-tier token slot (which
     bf16_lens must already count) inside this launch and then attended, the fused form of
-    bf16_write_kv + this call; a request with no BF16-tier token writes nothing.
+    bf16_write_kv + this call; a request with no BF16-tier token writes nothing there.
+    rotate_append: the append rows are in the model's basis; this launch multiplies them by
+    k_rotation / v_rotation first (as the write kernels do, same bits on the GPU).
+    append_int2 = (page_ids, offsets) int32 [B]: also store the rows INT2 (clip by append_clip =
+    (k_clip, v_clip), quantise, pack; bit-exact to int2_write_kv) into that slot of the INT2 tier, for
+    a cache that keeps every token INT2 too; with rotate_append this launch is then the step's whole
+    write (the sglang backend's decode: no int2_write_kv launches).  The slot must not be one this
+    step reads from the INT2 tier (the new token is attended from its BF16 copy).  See _append.py.
     int2_kernel: who computes the INT2 tier's partials: "triton" (the stage-1 kernel above, every
     layout and device, the interpreter included), "cuda" (decode_cuda.py: d 128, one group, INT2
     keys, fp16 scales, bf16, GQA <= 16, page >= 8, sm_80+; ValueError naming what is missing
@@ -228,8 +231,8 @@ def int2_decode_attention(q: torch.Tensor, kv: PagedKV, seg: Segments, *, k_rota
     num_stages = num_stages if num_stages is not None else (3 if fast else 2)
     for name, value in (("block_n", block_n), ("bf16_block_n", bf16_block_n)):
         check_pow2(name, value, minimum=16)
-    check_rotation("k_rotation", k_rotation, d, hkv, kv.device)
-    check_rotation("v_rotation", v_rotation, d, hkv, kv.device)
+    k_rotation = check_rotation("k_rotation", k_rotation, d, hkv, kv.device)
+    v_rotation = check_rotation("v_rotation", v_rotation, d, hkv, kv.device)
     for name, value in (("num_splits", num_splits), ("bf16_splits", bf16_splits)):
         if value is not None:
             check_positive(name, value)
@@ -237,13 +240,8 @@ def int2_decode_attention(q: torch.Tensor, kv: PagedKV, seg: Segments, *, k_rota
         max_registers = 128 if fast and block_n == 128 and q.is_cuda else 0
     elif max_registers != 0:
         check_positive("max_registers", max_registers)
-    if (append_k is None) != (append_v is None):
-        raise ValueError("append_k and append_v: give both or neither")
-    if append_k is not None:
-        check_tensor("append_k", append_k, FLOAT_ROWS, shape=(b, hkv, d), device=kv.device)
-        check_tensor("append_v", append_v, FLOAT_ROWS, shape=(b, hkv, d), device=kv.device)
-        if append_k.stride() != append_v.stride() or append_k.stride(2) != 1:
-            append_k, append_v = append_k.contiguous(), append_v.contiguous()
+    app = append_args(q, b, hkv, d, append_k, append_v, rotate_append, k_rotation, v_rotation, append_int2,
+                      append_clip, geo.scale_fp16)
     g = hq // hkv
     if use_cuda:
         s2 = num_splits or default_cuda_splits(b, hkv, max_int2_len, num_sms=num_sms)
@@ -267,11 +265,10 @@ def int2_decode_attention(q: torch.Tensor, kv: PagedKV, seg: Segments, *, k_rota
         q, kv.k_codes, kv.k_scales, kv.v_codes, kv.v_scales, t2, seg.int2_lens, kv.k_bf16, kv.v_bf16, t16,
         seg.bf16_lens, mid_o, mid_lse, qk_scale, q.stride(0), q.stride(1), *kv.v_codes.stride()[:3],
         *kv.k_codes.stride()[:3], *kv.k_scales.stride()[:3], t2.stride(0), *kv.k_bf16.stride()[:3], t16.stride(0), hq,
-        q if append_k is None else append_k, q if append_v is None else append_v,
-        0 if append_k is None else append_k.stride(0), 0 if append_k is None else append_k.stride(1),
+        *app.tensors, *app.strides,
         s2 if use_cuda else 0, GQA=g, PAGE2=geo.int2_page_size, PAGE16=geo.bf16_page_size, D=d, GS=geo.group_size, SPLITS2=s2,
         SPLITS16=s16, BLOCK_H=block_h, BLOCK_N2=block_n, BLOCK_N16=bf16_block_n, PRECISION=precision,
-        KEY_BITS=geo.key_bits, APPEND=append_k is not None, num_warps=num_warps, num_stages=num_stages,
+        KEY_BITS=geo.key_bits, APPEND=app.enabled, **app.constexprs, num_warps=num_warps, num_stages=num_stages,
         **({"maxnreg": max_registers} if max_registers else {}))
     _decode_merge_kernel[(b, hq)](mid_o, mid_lse, out, out.stride(0), out.stride(1), hq, total,
                                   D=d, BLOCK_S=triton.next_power_of_2(total), num_warps=4)

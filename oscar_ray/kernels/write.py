@@ -189,8 +189,7 @@ def int2_write_kv(k: torch.Tensor, v: torch.Tensor | None, k_rotation: torch.Ten
                   v_rotation: torch.Tensor | None, k_clip: float, v_clip: float, page_ids: torch.Tensor,
                   offsets: torch.Tensor, k_codes: torch.Tensor, k_scales: torch.Tensor, v_codes: torch.Tensor | None,
                   v_scales: torch.Tensor | None, group_size: int | None = None, block_rows: int = 16,
-                  num_warps: int | None = None, key_bits: int = 2, two_pass: bool | None = None,
-                  return_rotated: bool = False):
+                  num_warps: int | None = None, key_bits: int = 2, two_pass: bool | None = None) -> None:
     """int2_write of K (key_bits 2 or 3) and V (2 bits) rows into the same slots, one launch.
 
     v, v_codes, v_scales None writes K only.  V's scales must have K's dtype and layout.
@@ -199,9 +198,6 @@ def int2_write_kv(k: torch.Tensor, v: torch.Tensor | None, k_rotation: torch.Ten
     given (a decode step's few rows, where the one-launch form waits on d/16 serial rotation slices).
     Same codes either way.  num_warps None: 8 for the two-pass form, 4 for one launch (H200, bs 1:
     two-pass 8.3 µs at 4 warps, 6.9 at 8, 6.6 at 16; one launch 11.2 at 4, 13.2 at 8).
-    return_rotated: also return (k·R_K, v·R_V) as the quantiser read them (fp32 views of the
-    two-pass scratch, which it then forces; a side without a rotation is its input rows), e.g. for
-    int2_decode_attention's append_k / append_v, which then replaces a bf16_write_kv of the same rows.
     Example: int2_write_kv(k, v, R_K, None, 0.96, 0.0, pages, offs, kc, ks, vc, vs)   # V absorbed
     """
     n, h, d = _check_rows_and_slots(k, page_ids, offsets)
@@ -220,12 +216,10 @@ def int2_write_kv(k: torch.Tensor, v: torch.Tensor | None, k_rotation: torch.Ten
         rv = check_rotation("v_rotation", v_rotation, d, h, k.device)
         clip_v, idx_v = _clip_args(v_clip, d, "v_clip")
     check_pow2("block_rows", block_rows, minimum=16)
-    if return_rotated and two_pass is False and (rk is not None or rv is not None):
-        raise ValueError("return_rotated needs the rotated rows of the two-pass form: two_pass must not be False")
     if n == 0:
-        return (k, v) if return_rotated else None
+        return
     if two_pass is None:
-        two_pass = n <= TWO_PASS_MAX_ROWS or return_rotated
+        two_pass = n <= TWO_PASS_MAX_ROWS
     two_pass = two_pass and (rk is not None or rv is not None)
     if num_warps is None:
         num_warps = 8 if two_pass else 4
@@ -242,7 +236,6 @@ def int2_write_kv(k: torch.Tensor, v: torch.Tensor | None, k_rotation: torch.Ten
         D=d, GS=gs, BR=block_rows, KC=_rotation_chunk(d), ROTATE_K=rk is not None, CLIP_K=clip_k, CLIP_IDX_K=idx_k,
         BITS_K=key_bits, ROTATE_V=rv is not None, CLIP_V=clip_v, CLIP_IDX_V=idx_v,
         SCALE_FP16=k_scales.dtype == torch.float16, num_warps=num_warps)
-    return (k, None if v is None else vx) if return_rotated else None
 
 
 # Rows up to which int2_write_kv rotates in a launch of its own (two_pass None).  A decode step's

@@ -297,3 +297,32 @@ def test_decode_cuda_int2_tier_graph_and_errors_cuda(seed):
     kv32, seg32 = random_mixed_cache([100], [10], HKV, D, device=CUDA, seed=seed)  # fp32 scales
     with pytest.raises(ValueError, match="fp32 scales"):
         int2_decode_attention(q[:1], kv32, seg32, int2_kernel="cuda")
+
+
+@pytest.mark.parametrize("int2_kernel", ["cuda", "triton"])
+def test_decode_fused_rotate_int2_append_equals_write_kernels_cuda(seed, int2_kernel):
+    # the sglang decode step in one launch (rotate_append + append_int2) on real-valued rows and an
+    # orthogonal rotation: the same bytes as int2_write_kv (one launch: the same sliced ascending-k
+    # rotation) + bf16_write_kv, and the same output as the plain launch over those pages
+    int2, bf16 = [3000, 70, 0], [320, 200, 9]
+    b = len(int2)
+    kv, seg = random_mixed_cache(int2, bf16, HKV, D, scale_dtype=torch.float16, device=CUDA, seed=seed, spare_pages=4)
+    r_k = torch.linalg.qr(torch.randn(HKV, D, D, device=CUDA))[0].contiguous()
+    k_new, v_new = (torch.randn(b, HKV, D, device=CUDA).to(torch.bfloat16) for _ in "kv")
+    used = set(seg.int2_page_table.flatten().tolist())
+    free = [p for p in range(kv.k_codes.shape[0]) if p not in used][:b]
+    page2 = torch.tensor(free, dtype=torch.int32, device=CUDA)
+    off2 = torch.tensor([1, 7, 3], dtype=torch.int32, device=CUDA)
+    last = seg.bf16_lens.long() - 1
+    p16 = seg.bf16_page_table.gather(1, (last // PAGE)[:, None])[:, 0].int()
+    o16 = (last % PAGE).int()
+    ref = type(kv)(*(t.clone() for t in (kv.k_codes, kv.k_scales, kv.v_codes, kv.v_scales, kv.k_bf16, kv.v_bf16)))
+    int2_write_kv(k_new, v_new, r_k, None, 0.96, 0.0, page2, off2, ref.k_codes, ref.k_scales, ref.v_codes,
+                  ref.v_scales, two_pass=False)
+    bf16_write_kv(k_new, v_new, r_k, None, p16, o16, ref.k_bf16, ref.v_bf16)
+    out = int2_decode_attention(q := torch.randn(b, HQ, D, device=CUDA), kv, seg, k_rotation=r_k,
+                                int2_kernel=int2_kernel, append_k=k_new, append_v=v_new, rotate_append=True,
+                                append_int2=(page2, off2), append_clip=(0.96, 0.0))
+    for name in ("k_codes", "k_scales", "v_codes", "v_scales", "k_bf16", "v_bf16"):
+        assert torch.equal(getattr(kv, name), getattr(ref, name)), name
+    assert torch.equal(out, int2_decode_attention(q, ref, seg, k_rotation=r_k, int2_kernel=int2_kernel))

@@ -169,3 +169,32 @@ def test_chunked_prefill_decode_ring_wrap_and_prefix_hit(seed, extend_method):
     # A and B decode in one batch: B's own pages 3..4 are BF16, its shared ones INT2
     spans, out, seg = w.forward(ForwardMode.DECODE, [a, b], [1, 1])
     _check(w, [a, b], spans, out, seg, [[(0, 16), (64, 98)], [(48, 69)]], decode=True)
+
+
+def test_decode_launch_writes_both_copies_of_the_new_token(seed):
+    # decode writes nothing before attending: its launch stores the step's token rotated into the
+    # window (BF16) and into its own slot (INT2, dual residency: a radix-cache hit or the window
+    # moving on reads that copy later).  Both must equal the write kernels' result for those rows
+    from oscar_ray.kernels import bf16_write_kv, int2_write_kv
+
+    w = World()
+    a = 1
+    w.forward(ForwardMode.EXTEND, [a], [40])
+    w.forward(ForwardMode.DECODE, [a], [1])
+    loc = int(w.req_pool.req_to_token[a, 40])
+    page, off = torch.tensor([loc // P], dtype=torch.int32), torch.tensor([loc % P], dtype=torch.int32)
+    ring = int(w.backend.forward_metadata.plan.bf16_page[0])
+    for layer in range(LAYERS):
+        k, v = (x[40:41] for x in w.kv[a][layer])
+        r_k, _, k_clip, v_clip = w.pool.rotations.layer(layer)
+        kc, ks, vc, vs = (t[layer].clone() for t in (w.pool.k_codes, w.pool.k_scales, w.pool.v_codes,
+                                                     w.pool.v_scales))
+        kc[page.long(), off.long()] = 0
+        vc[page.long(), off.long()] = 0
+        int2_write_kv(k, v, r_k, None, k_clip, v_clip, page, off, kc, ks, vc, vs)
+        kb, vb = w.pool.k_bf16[layer].clone(), w.pool.v_bf16[layer].clone()
+        bf16_write_kv(k, v, r_k, None, torch.tensor([ring], dtype=torch.int32), off, kb, vb)
+        assert torch.equal(w.pool.k_codes[layer], kc) and torch.equal(w.pool.v_codes[layer], vc), layer
+        assert torch.equal(w.pool.k_scales[layer], ks) and torch.equal(w.pool.v_scales[layer], vs), layer
+        assert torch.equal(w.pool.k_bf16[layer], kb) and torch.equal(w.pool.v_bf16[layer], vb), layer
+        assert w.pool.k_codes[layer][loc // P, loc % P].any()  # written, not left as allocated

@@ -9,10 +9,10 @@ post-RoPE q [T, h_q·d], k / v [T, h_kv, d].  Registered as "oscar" in
 Per forward, `init_forward_metadata` plans the writes of the batch's new tokens and updates the
 pool's ownership tags once (tables.plan_writes), then builds the kernels' page tables
 (tables.build_segments): decode over each request's whole cache, extend over its cached prefix.
-Per layer: write (int2_write into every token's slot, bf16_write into the windows; in decode the
-BF16 copy is stored by the attention launch itself, append_k / append_v), then
-int2_decode_attention (q·R_K inside) or int2_extend_attention (the chunk itself at full
-precision, causally).  V is in the R_V basis throughout when absorbed (the default), so no
+Per layer: in extend, write (int2_write into every token's slot, bf16_write into the windows),
+then int2_extend_attention (the chunk itself at full precision, causally); in decode,
+int2_decode_attention alone (q·R_K inside), which also rotates the step's token and stores it into
+both tiers before attending it (append_k / append_v with rotate_append and append_int2).  V is in the R_V basis throughout when absorbed (the default), so no
 o·R_Vᵀ is computed.  CUDA graphs are not supported yet (init_cuda_graph_state raises).
 Loaded only by the plugin: imports sglang.
 """
@@ -127,13 +127,16 @@ class OscarAttnBackend(AttentionBackend):
         if layer.qk_head_dim != layer.v_head_dim:
             raise NotImplementedError("OSCAR needs qk_head_dim == v_head_dim")
 
-    def _write(self, layer, k, v, save_kv_cache: bool, bf16_copy: bool = True):
+    @staticmethod
+    def _check_save(k, save_kv_cache: bool) -> None:
         if not save_kv_cache or k is None:
             raise NotImplementedError("the OSCAR backend writes the cache itself; save_kv_cache=False means "
                                       "another writer ran (fused rope+KV kernels must be off)")
+
+    def _write(self, layer, k, v, save_kv_cache: bool):
+        self._check_save(k, save_kv_cache)
         h, d = layer.tp_k_head_num, layer.qk_head_dim
-        return self.pool.oscar_write(layer.layer_id, k.reshape(-1, h, d), v.reshape(-1, h, d),
-                                     self.forward_metadata.plan, bf16_copy=bf16_copy)
+        self.pool.oscar_write(layer.layer_id, k.reshape(-1, h, d), v.reshape(-1, h, d), self.forward_metadata.plan)
 
     def _rotations(self, layer):
         r_k, r_v, _, _ = self.pool.rotations.layer(layer.layer_id)
@@ -151,14 +154,20 @@ class OscarAttnBackend(AttentionBackend):
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
         self._check_layer(layer)
+        self._check_save(k, save_kv_cache)
         k, v, mu_v = self._centre(layer, k, v)
-        # the BF16 copy of the step's token is stored by the attention launch itself (append_k/v)
-        k_rot, v_rot = self._write(layer, k, v, save_kv_cache, bf16_copy=False)
-        hq, d = layer.tp_q_head_num, layer.qk_head_dim
+        hq, hkv, d = layer.tp_q_head_num, layer.tp_k_head_num, layer.qk_head_dim
         r_k, r_v = self._rotations(layer)
+        _, _, k_clip, v_clip = self.pool.rotations.layer(layer.layer_id)
+        plan = self.forward_metadata.plan
+        # the step's whole write inside the attention launch: the new token's rows rotated, stored
+        # BF16 into the request's window slot and INT2 into its own slot (dual residency), then
+        # attended; no int2_write_kv launches per layer and step (kernels/_append.py)
         o = int2_decode_attention(q.reshape(-1, hq, d), self.pool.paged_kv(layer.layer_id),
                                   self.forward_metadata.segments, k_rotation=r_k, v_rotation=r_v,
-                                  sm_scale=layer.scaling, append_k=k_rot, append_v=v_rot)
+                                  sm_scale=layer.scaling, append_k=k.reshape(-1, hkv, d),
+                                  append_v=v.reshape(-1, hkv, d), rotate_append=True,
+                                  append_int2=(plan.int2_page, plan.int2_off), append_clip=(k_clip, v_clip))
         return add_value_mean(o, mu_v).to(q.dtype).reshape(-1, hq * d)
 
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):

@@ -140,28 +140,19 @@ class OscarMHATokenToKVPool(MHATokenToKVPool):
                 total(self.v_codes) + total(self.v_scales) + total(self.v_bf16))
 
     # --- writes ------------------------------------------------------------------------------
-    def oscar_write(self, layer_id: int, k: torch.Tensor, v: torch.Tensor, plan: WritePlan, bf16_copy: bool = True):
+    def oscar_write(self, layer_id: int, k: torch.Tensor, v: torch.Tensor, plan: WritePlan) -> None:
         """Store new K/V rows [N, h, d] (post-RoPE K; V in the R_V basis when absorbed) of one layer:
-        INT2 codes into every token's slot, rotated BF16 copies into the windows' arena pages.
-
-        bf16_copy False (decode): skip the BF16 copy and return the rotated rows (k·R_K, v·R_V) for
-        int2_decode_attention(append_k=, append_v=), which stores them into each request's last
-        BF16-tier slot inside the attention launch: the slot plan.bf16_page / bf16_off names, since
-        a decode token's page is always its request's own tail page in the window."""
+        INT2 codes into every token's slot, rotated BF16 copies into the windows' arena pages.  The
+        extend path's write; a decode step's token is written by its attention launch (backend.py)."""
         local = layer_id - self.start_layer
         r_k, r_v, k_clip, v_clip = self.rotations.layer(layer_id)
         r_v_write = None if self.oscar.settings.absorb_v else r_v  # absorbed: v already is v·R_V
         gs = self.geometry.group_size
-        # K and V together in each call: INT2 (for a decode step's <= 64 rows two launches, rotation
-        # then quantise: 6.9 µs at bs 1 on the H200) and the BF16 copy (2.4 µs, or ~0.4 inside the
-        # decode launch); four single-tensor calls cost ~44 µs (decode_h200.md, writes)
-        rows = int2_write_kv(k, v, r_k, r_v_write, k_clip, v_clip, plan.int2_page, plan.int2_off,
-                             self.k_codes[local], self.k_scales[local], self.v_codes[local], self.v_scales[local],
-                             gs, key_bits=self.geometry.key_bits, return_rotated=not bf16_copy)
-        if bf16_copy:
-            bf16_write_kv(k, v, r_k, r_v_write, plan.bf16_page, plan.bf16_off, self.k_bf16[local],
-                          self.v_bf16[local])
-        return rows
+        # K and V together in each call; four single-tensor calls cost ~44 µs (decode_h200.md, writes)
+        int2_write_kv(k, v, r_k, r_v_write, k_clip, v_clip, plan.int2_page, plan.int2_off,
+                      self.k_codes[local], self.k_scales[local], self.v_codes[local], self.v_scales[local],
+                      gs, key_bits=self.geometry.key_bits)
+        bf16_write_kv(k, v, r_k, r_v_write, plan.bf16_page, plan.bf16_off, self.k_bf16[local], self.v_bf16[local])
 
     def set_kv_buffer(self, layer, loc_info, cache_k, cache_v, *args, **kwargs):
         # Writing needs token positions and request slots, which this signature lacks; the OSCAR

@@ -22,7 +22,8 @@ SCRIPT = textwrap.dedent('''
 
     def check(fn, types, constexprs, num_warps=4, num_stages=2, max_shared=None):
         if fn is da._decode_stage1_kernel:
-            constexprs = {"APPEND": False, **constexprs}
+            constexprs = {"APPEND": False, "ROT_K": False, "ROT_V": False, "KC": 16, "INT2W": False, "CLIP_K": False,
+                          "IDX_K": 0, "CLIP_V": False, "IDX_V": 0, "SCALE_FP16": False, **constexprs}
         sig = {n: "constexpr" if n in constexprs else types.get(n, "i32") for n in fn.arg_names}
         k = triton.compile(ASTSource(fn, sig, constexprs), target=GPUTarget("cuda", 90, 32),
                            options={"num_warps": num_warps, "num_stages": num_stages})
@@ -53,7 +54,8 @@ SCRIPT = textwrap.dedent('''
                    CLIP_IDX_V=60, SCALE_FP16=False))
     d1 = dict(q_ptr=P("fp32"), kc_ptr=P("u8"), ks_ptr=P("fp32"), vc_ptr=P("u8"), vs_ptr=P("fp32"), t2_ptr=P("i32"),
               l2_ptr=P("i32"), kb_ptr=P("bf16"), vb_ptr=P("bf16"), t16_ptr=P("i32"), l16_ptr=P("i32"),
-              mid_o_ptr=P("fp32"), mid_lse_ptr=P("fp32"), qk_scale="fp32", ak_ptr=P("fp32"), av_ptr=P("fp32"))
+              mid_o_ptr=P("fp32"), mid_lse_ptr=P("fp32"), qk_scale="fp32", ak_ptr=P("fp32"), av_ptr=P("fp32"),
+              rk_ptr=P("fp32"), rv_ptr=P("fp32"), ap_ptr=P("i32"), ao_ptr=P("i32"))
     for prec in ("bf16", "fp16", "tf32", "ieee"):
         # the default layout (one group) must stay light: 3+ programs of 4 warps per SM need <= 48 KB each
         # (tf32 / ieee, for checks, stage fp32 operands: 84 KB at these defaults)
@@ -76,6 +78,11 @@ SCRIPT = textwrap.dedent('''
     check(da._decode_stage1_kernel, d1, dict(GQA=4, PAGE2=8, PAGE16=8, D=128, GS=128, SPLITS2=17, SPLITS16=4,
           BLOCK_H=16, BLOCK_N2=128, BLOCK_N16=64, PRECISION="bf16", KEY_BITS=2, APPEND=True), num_stages=3,
           max_shared=48 << 10)
+    # the sglang decode step in the launch: rotate, BF16 + INT2 (clip) stores of the new token
+    check(da._decode_stage1_kernel, dict(d1, ks_ptr=P("fp16"), vs_ptr=P("fp16"), ak_ptr=P("bf16"), av_ptr=P("bf16")),
+          dict(GQA=4, PAGE2=16, PAGE16=16, D=128, GS=128, SPLITS2=17, SPLITS16=4, BLOCK_H=16, BLOCK_N2=128,
+               BLOCK_N16=64, PRECISION="bf16", KEY_BITS=2, APPEND=True, ROT_K=True, INT2W=True, CLIP_K=True,
+               IDX_K=122, SCALE_FP16=True), num_stages=3, max_shared=48 << 10)
     check(da._decode_merge_kernel, dict(mid_o_ptr=P("fp32"), mid_lse_ptr=P("fp32"), out_ptr=P("fp32")),
           dict(D=128, BLOCK_S=128))
     e = dict(q_ptr=P("bf16"), kn_ptr=P("bf16"), vn_ptr=P("bf16"), kc_ptr=P("u8"), ks_ptr=P("fp32"), vc_ptr=P("u8"),

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from oscar_ray.kernels import Segments, int2_decode_attention
+from oscar_ray.kernels import Segments, bf16_write_kv, int2_decode_attention, int2_write_kv
 from oscar_ray.kernels.reference import decode_attention_reference, rotate_heads
 from oscar_ray.kernels.synthetic import random_mixed_cache
 from tests.utils import assert_close_verbose
@@ -189,3 +189,46 @@ def test_cuda_tier_eligibility_names_what_is_missing(monkeypatch):
     assert "page size 4" in why(int2_page_size=4, scale_dtype=torch.float16)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
     assert "sm_80" in why(scale_dtype=torch.float16)
+
+
+@pytest.mark.parametrize("scale_dtype, key_bits, per_head", [(torch.float16, 2, False), (torch.float32, 2, True),
+                                                             (torch.float16, 3, True)])
+def test_fused_rotate_and_int2_append_equals_the_write_kernels(seed, scale_dtype, key_bits, per_head):
+    # rotate_append + append_int2: the decode launch rotates the step's rows, stores them BF16 and
+    # INT2 (the sglang pool's every-token copy), then attends: pages bit-equal to int2_write_kv +
+    # bf16_write_kv of the same rows and output equal to the plain launch on those pages.  Dyadic
+    # rows and rotations keep x·R exact in any summation order, so the codes can be compared with ==
+    int2, bf16 = [40, 0, 77, 16], [13, 1, 9, 0]  # request 3: INT2 copy only (no BF16-tier slot)
+    b, hkv, d = len(int2), 2, 64
+    kv, seg = random_mixed_cache(int2, bf16, hkv, d, scale_dtype=scale_dtype, key_bits=key_bits, seed=seed)
+    shape = (hkv, d, d) if per_head else (d, d)
+    r_k, r_v = (torch.randint(-4, 5, shape).float() / 4 for _ in "kv")
+    k_new, v_new = (torch.randint(-32, 33, (b, hkv, d)).float() / 8 for _ in "kv")
+    used = set(seg.int2_page_table[seg.int2_lens > 0].flatten().tolist())
+    free = [p for p in range(kv.k_codes.shape[0]) if p not in used]
+    page2 = torch.tensor([free[i % len(free)] for i in range(b)], dtype=torch.int32)
+    off2 = torch.tensor([i // len(free) for i in range(b)], dtype=torch.int32)
+    page16 = kv.k_bf16.shape[1]
+    rows = [i for i, n in enumerate(bf16) if n]
+    p16 = torch.tensor([int(seg.bf16_page_table[i, (bf16[i] - 1) // page16]) for i in rows], dtype=torch.int32)
+    o16 = torch.tensor([(bf16[i] - 1) % page16 for i in rows], dtype=torch.int32)
+    ref = type(kv)(*(t.clone() for t in (kv.k_codes, kv.k_scales, kv.v_codes, kv.v_scales, kv.k_bf16, kv.v_bf16)),
+                   kv.group_size, kv.key_bits)
+    int2_write_kv(k_new, v_new, r_k, r_v, 0.96, 0.92, page2, off2, ref.k_codes, ref.k_scales, ref.v_codes,
+                  ref.v_scales, key_bits=key_bits)
+    bf16_write_kv(k_new[rows], v_new[rows], r_k, r_v, p16, o16, ref.k_bf16, ref.v_bf16)
+    q = torch.randn(b, hkv * 4, d)
+    args = dict(k_rotation=r_k, v_rotation=r_v, num_splits=3, bf16_splits=2, block_n=16, bf16_block_n=16,
+                precision="ieee")
+    out = int2_decode_attention(q, kv, seg, append_k=k_new, append_v=v_new, rotate_append=True,
+                                append_int2=(page2, off2), append_clip=(0.96, 0.92), **args)
+    for name in ("k_codes", "k_scales", "v_codes", "v_scales", "k_bf16", "v_bf16"):
+        assert torch.equal(getattr(kv, name), getattr(ref, name)), name
+    assert torch.equal(out, int2_decode_attention(q, ref, seg, **args))
+    with pytest.raises(ValueError, match="append_int2 page_ids"):
+        int2_decode_attention(q, kv, seg, append_k=k_new, append_v=v_new, append_int2=(page2.long(), off2))
+    with pytest.raises(ValueError, match="append_clip"):
+        int2_decode_attention(q, kv, seg, append_k=k_new, append_v=v_new, append_int2=(page2, off2),
+                              append_clip=(1.5, 0.0))
+    with pytest.raises(ValueError, match="need append_k"):
+        int2_decode_attention(q, kv, seg, rotate_append=True)

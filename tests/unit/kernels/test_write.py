@@ -248,27 +248,3 @@ def test_write_argument_errors():
         int2_write(x, None, 0.0, pid, pid, codes, scales, bits=3)
     with pytest.raises(ValueError, match="bits"):
         int2_write(x, None, 0.0, pid, pid, codes, scales, bits=4)
-
-
-@pytest.mark.parametrize("v_rot, n", [("none", 19), ("dense", 19), ("dense", 70)])  # 70: forced two-pass
-def test_int2_write_kv_returns_the_rows_it_quantised(seed, v_rot, n):
-    # return_rotated (the sglang decode path hands them to the decode launch's fused BF16 append):
-    # the codes are those of the default call, the rows are x·R as the reference rotates them and
-    # round to the same BF16 copy bf16_write_kv stores; a side without a rotation is its input
-    h, d, n_pages = 2, 64, 12
-    k, v = _dyadic(n, h, d), _dyadic(n, h, d)
-    rk, rv = _rotation("per_head", h, d), _rotation(v_rot, h, d)
-    pid, off, flat = _slots(n, n_pages)
-    kc, ks = _pages(n_pages, h, d, 1, torch.float16)
-    vc, vs = _pages(n_pages, h, d, 1, torch.float16)
-    kr, vr = int2_write_kv(k, v, rk, rv, 0.9, 0.0, pid, off, kc, ks, vc, vs, return_rotated=True)
-    _check_written(kc, ks, flat, *int2_write_reference(k, rk, 0.9, None, torch.float16))
-    _check_written(vc, vs, flat, *int2_write_reference(v, rv, 0.0, None, torch.float16))
-    assert kr.shape == vr.shape == (n, h, d) and kr.stride() == vr.stride()
-    assert torch.equal(kr.to(torch.bfloat16), bf16_write_reference(k, rk))
-    if rv is None:
-        assert vr is v
-    else:
-        assert torch.equal(vr.to(torch.bfloat16), bf16_write_reference(v, rv))
-    with pytest.raises(ValueError, match="two_pass"):
-        int2_write_kv(k, v, rk, rv, 0.9, 0.0, pid, off, kc, ks, vc, vs, two_pass=False, return_rotated=True)
