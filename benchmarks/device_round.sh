@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call's worth of GPU work (~7 of the 10 minutes a call may take), results under $OUT.
+# One device call's worth of GPU work (~9 of the 10 minutes a call may take, limits included), results under $OUT.
 # Run from the repository root on the device machine (torch + triton image, no network):
 #   run(command="ROUND_COMMIT=<sha> bash benchmarks/device_round.sh", carry=[".devwheels"])
 # .devwheels: pydantic + pyyaml for tests/gpu/test_engine_gpu.py, fetched here beforehand with
@@ -27,5 +27,5 @@ step pipe_sweep 170 python3 benchmarks/decode_cuda_sweep.py --pipe 4 --out "$OUT
   --shapes 8x131072 8x65536 32x131072 1x16384 \
   --configs 4:0:0:1:0 4:0:0:1:4 4:0:4:1:4 4:0:4:1:3 2:0:8:1:4
 # 3. the decode table (no extend) at both settings, writes included
-step decode_pipe0 75 python3 benchmarks/decode_attention.py --cuda-pipe 0 --extend-contexts --out "$OUT/decode_pipe0.md"
-step decode_pipe4 75 python3 benchmarks/decode_attention.py --cuda-pipe 4 --extend-contexts --out "$OUT/decode_pipe4.md"
+step decode_pipe0 95 python3 benchmarks/decode_attention.py --cuda-pipe 0 --extend-contexts --out "$OUT/decode_pipe0.md"
+step decode_pipe4 95 python3 benchmarks/decode_attention.py --cuda-pipe 4 --extend-contexts --out "$OUT/decode_pipe4.md"
