@@ -51,10 +51,14 @@ DEFAULT_PIPE = 0  # 0: next step prefetched into registers; P >= 3: cp.async rin
 _SOURCE = (Path(__file__).parent / "int2_decode.cu").read_text()
 
 
-def _min_blocks(nt: int, warps: int) -> int:
+def _min_blocks(nt: int, warps: int, pipe: int = 0) -> int:
     # register cap = 65536 / (32 · warps · min_blocks).  ptxas (sm_90, offline) wants 164 at NT 1 and
-    # ~250 at NT 2 uncapped; at 4 warps, 3 CTAs (cap 170) keep NT 1 spill-free, 4 (cap 128) spill
-    return max(1, (12 if nt == 1 else 8) // warps)
+    # ~250 at NT 2 uncapped; at 4 warps, 3 CTAs (cap 170) keep NT 1 spill-free, 4 (cap 128) spill.
+    # The cp.async ring needs 125 at NT 1 (V words read from the ring at their MMAs), so 4 CTAs fit;
+    # 5 (cap 102) leave 96 registers and 4 bytes of spill (min_blocks=5, one STL/LDL a step: sweep it)
+    if nt == 1:
+        return max(1, (16 if pipe else 12) // warps)
+    return max(1, 8 // warps)
 
 
 def kernel_source(gqa: int, page: int, warps: int, min_blocks: int | None = None, shiftless: bool = True,
@@ -62,7 +66,7 @@ def kernel_source(gqa: int, page: int, warps: int, min_blocks: int | None = None
     """CUDA source of one specialisation (GQA ratio, INT2 page size, warps per CTA, min CTAs per SM,
     the in-place code masks of code(), the token strides of codes (bytes) and scales (elements))."""
     nt = -(-gqa // 8)
-    min_blocks = min_blocks or _min_blocks(nt, warps)
+    min_blocks = min_blocks or _min_blocks(nt, warps, pipe)
     return (_SOURCE.replace("__NT__", str(nt)).replace("__G__", str(gqa)).replace("__PAGE__", str(page))
             .replace("__WARPS__", str(warps)).replace("__MINB__", str(min_blocks))
             .replace("__SHIFTLESS__", str(int(shiftless))).replace("__C_TOK__", str(code_tok))
@@ -117,7 +121,7 @@ def default_cuda_splits(batch: int, n_kv_heads: int, max_len: int | None, warps:
     bs 1 x 16K: 32 (the cap) 19.6, 128 26.2, 8 38.6; bs 1 x 32K at the cap, 64 splits = 1.3 waves:
     30.5 µs (the Triton tier: 26.8), hence the rounding to 49 (one wave; not re-timed yet)."""
     units = max(1, batch * n_kv_heads)
-    # resident 4-warp CTAs per SM: 3 at the register path's 164 registers, 4 at the ring's 127
+    # resident 4-warp CTAs per SM: 3 at the register path's 164 registers, 4 at the ring's 125
     # (37 KB of shared memory each at pipe 4: 148 KB of 227)
     per_sm = 4 if DEFAULT_PIPE else 3
     slots = per_sm * num_sms * 4 // max(1, warps)

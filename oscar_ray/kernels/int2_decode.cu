@@ -195,7 +195,9 @@ oscar_int2_decode_d128(const float* __restrict__ q, const unsigned char* __restr
     }
 
     // one 32-token step (two tiles) of this warp: scores, online softmax, P'·V
-    auto process = [&](const Tile (&T)[2], const int n0) {
+    // vslot (PIPE): the step's ring slot, from which each tile's V code words are read right before
+    // its P'·V MMAs, so they are not live across the scores (the register path keeps them in T)
+    auto process = [&](const Tile (&T)[2], const int n0, const unsigned char* vslot) {
         // scores S^T[token, head] of both tiles
         float s[2][NT][4];
         float vsc[2][2], vzc[2][2];  // V (s, z) of tokens g, g + 8, 0 when masked
@@ -287,8 +289,18 @@ oscar_int2_decode_d128(const float* __restrict__ q, const unsigned char* __restr
                 b0[nt] = trans8(lo);  // P'^T rows (tokens 2t, 2t + 1), column head g
                 b1[nt] = trans8(hi);  // tokens 2t + 8, 2t + 9
             }
-            const u32 xl = prmt(T[mt].v[0], T[mt].v[1], 0x5410), yl = prmt(T[mt].v[0], T[mt].v[1], 0x7632);
-            const u32 xh = prmt(T[mt].v[2], T[mt].v[3], 0x5410), yh = prmt(T[mt].v[2], T[mt].v[3], 0x7632);
+            u32 v[4];
+#if PIPE
+            const unsigned char* vr0 = vslot + 1024 + (16 * mt + 2 * t) * 32 + 4 * g;
+            v[0] = *(const u32*)(vr0);
+            v[1] = *(const u32*)(vr0 + 32);
+            v[2] = *(const u32*)(vr0 + 8 * 32);
+            v[3] = *(const u32*)(vr0 + 9 * 32);
+#else
+            v[0] = T[mt].v[0], v[1] = T[mt].v[1], v[2] = T[mt].v[2], v[3] = T[mt].v[3];
+#endif
+            const u32 xl = prmt(v[0], v[1], 0x5410), yl = prmt(v[0], v[1], 0x7632);
+            const u32 xh = prmt(v[2], v[3], 0x5410), yh = prmt(v[2], v[3], 0x7632);
 #pragma unroll
             for (int kk = 0; kk < 4; ++kk) {
                 const u32 a0 = code(xl, kk), a1 = code(xl >> 8, kk), a2 = code(xh, kk), a3 = code(xh >> 8, kk);
@@ -344,18 +356,14 @@ oscar_int2_decode_d128(const float* __restrict__ q, const unsigned char* __restr
             const int r0 = 16 * mt;
             T[mt].k_lo = *(const uint2*)(slot + (r0 + g) * 32 + 8 * t);
             T[mt].k_hi = *(const uint2*)(slot + (r0 + g + 8) * 32 + 8 * t);
-            T[mt].v[0] = *(const u32*)(slot + 1024 + (r0 + 2 * t) * 32 + 4 * g);
-            T[mt].v[1] = *(const u32*)(slot + 1024 + (r0 + 2 * t + 1) * 32 + 4 * g);
-            T[mt].v[2] = *(const u32*)(slot + 1024 + (r0 + 2 * t + 8) * 32 + 4 * g);
-            T[mt].v[3] = *(const u32*)(slot + 1024 + (r0 + 2 * t + 9) * 32 + 4 * g);
             T[mt].ksz[0] = *(const u32*)(slot + 2048 + (r0 + g) * 4);
             T[mt].ksz[1] = *(const u32*)(slot + 2048 + (r0 + g + 8) * 4);
             T[mt].vsz[0] = *(const u32*)(slot + 2176 + (r0 + g) * 4);
             T[mt].vsz[1] = *(const u32*)(slot + 2176 + (r0 + g + 8) * 4);
         }
-        __syncwarp();  // every lane has read slot (i - 1) % PIPE's successor-to-be before it is refilled
+        __syncwarp();  // every lane is done with slot (i - 1) % PIPE (step i - 1) before it is refilled
         issue(i + PIPE - 1);
-        process(T, start + warp * 32 + i * stride);
+        process(T, start + warp * 32 + i * stride, slot);
     }
     cp_wait<0>();
     __syncthreads();  // sh_o aliases the rings
@@ -366,10 +374,10 @@ oscar_int2_decode_d128(const float* __restrict__ q, const unsigned char* __restr
     for (int n0 = start + warp * 32; n0 < end; n0 += 2 * stride) {
         const int n1 = n0 + stride;
         if (n1 < end) load_step(tb, n1);
-        process(ta, n0);
+        process(ta, n0, nullptr);
         if (n1 >= end) break;
         if (n1 + stride < end) load_step(ta, n1 + stride);
-        process(tb, n1);
+        process(tb, n1, nullptr);
     }
 #endif
 

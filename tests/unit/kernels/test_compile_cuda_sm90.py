@@ -67,7 +67,7 @@ def test_cuda_decode_compiles_for_sm90_without_spills(tmp_path, gqa, page, warps
     stack = int(re.search(r"(\d+) bytes stack frame", info).group(1))
     assert spills == [0, 0] and stack == 0, info
     nt = -(-gqa // 8)
-    assert regs <= 65536 // (32 * warps * decode_cuda._min_blocks(nt, warps)), info
+    assert regs <= 65536 // (32 * warps * decode_cuda._min_blocks(nt, warps, pipe)), info
 
 
 @pytest.mark.parametrize("gqa, pipe", [(4, 0), (4, 4), (12, 0)])
