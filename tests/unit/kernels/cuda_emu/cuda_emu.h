@@ -42,7 +42,10 @@ using std::max;
 #define __global__
 #define __forceinline__ inline
 #define __launch_bounds__(...)
-#define __shared__ static  // CTAs run one at a time: a static is the CTA's shared memory
+// CTAs run one at a time: a static is the CTA's shared memory.  They live in a section of their own,
+// which launch() fills with 0xFF bytes (NaN as fp32 and fp16) before every CTA, as a GPU leaves
+// shared memory with whatever the previous CTA wrote: a read of a byte no one stored shows
+#define __shared__ static __attribute__((section("emu_shared")))
 #define __align__(n) __attribute__((aligned(n)))
 
 struct float2 { float x, y; };
@@ -104,6 +107,7 @@ inline Idx block{0, 0, 0};
 inline int bar_arrived = 0;
 inline unsigned bar_gen = 0;
 inline std::function<void()> entry;
+extern "C" __attribute__((visibility("hidden"))) char __start_emu_shared[], __stop_emu_shared[];  // linker-made bounds
 constexpr size_t STACK = 1 << 18;
 
 #if defined(__x86_64__)
@@ -161,6 +165,7 @@ inline void launch(int gx, int gy, int gz, int n_threads, std::function<void()> 
             for (int x = 0; x < gx; ++x) {
                 block = {unsigned(x), unsigned(y), unsigned(z)};
                 bar_arrived = 0;
+                std::memset(__start_emu_shared, 0xff, size_t(__stop_emu_shared - __start_emu_shared));
                 for (int t = 0; t < n_threads; ++t) {
                     Thread& th = threads[t];
                     th = Thread();
