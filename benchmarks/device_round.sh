@@ -21,11 +21,8 @@ step() {  # step NAME SECONDS CMD...: stdout+stderr to $OUT/NAME.log, exit statu
   echo "$name rc=$? ${secs}s limit, $((SECONDS - t0))s" | tee -a "$OUT/round.txt"
 }
 # 1. correctness on the hardware (~80-130 s)
-step tests_gpu 200 python3 -m pytest -q tests/gpu
-# 2. the cp.async ring against the register path (check at pipe 4 first, then times)
-step pipe_sweep 170 python3 benchmarks/decode_cuda_sweep.py --pipe 4 --out "$OUT/pipe.md" \
-  --shapes 8x131072 8x65536 32x131072 1x16384 \
-  --configs 4:0:0:1:0 4:0:0:1:4 4:0:5:1:4 4:0:4:1:3 2:0:8:1:4 2:0:10:1:4
-# 3. the decode table (no extend) at both settings, writes included
-step decode_pipe0 95 python3 benchmarks/decode_attention.py --cuda-pipe 0 --extend-contexts --out "$OUT/decode_pipe0.md"
-step decode_pipe4 95 python3 benchmarks/decode_attention.py --cuda-pipe 4 --extend-contexts --out "$OUT/decode_pipe4.md"
+step tests_gpu 220 python3 -m pytest -q tests/gpu --durations=15
+# 2. what the step's new-row write costs inside the attention launch, by form (~60-100 s)
+step append_cost 130 python3 benchmarks/append_cost.py --out "$OUT/append.md"
+# 3. the decode table (no extend) at the default cp.async ring, writes included (~95-150 s)
+step decode_pipe4 170 python3 benchmarks/decode_attention.py --cuda-pipe 4 --extend-contexts --out "$OUT/decode_pipe4.md"

@@ -9,7 +9,11 @@ fused ring write of the torch engine's decode).  Two options make it the whole p
   * append_int2 = (page, offset) [B]: the rows are also clipped, quantised and packed into that slot
     of the INT2 tier with the write path's _quant_tiles (bit-exact to quant/), for a cache that keeps
     every token INT2 as well (the sglang pool's dual residency), whose two int2_write_kv launches
-    cost 6.9 µs per layer and step at bs 1 on the H200 (decode_h200.md, writes).
+    cost 6.9 µs per layer and step at bs 1 on the H200 (decode_h200.md, writes).  Two extra writer
+    programs per (request, KV head) do that, one for K and one for V (_append_int2), beside the
+    attending ones: nothing this step reads waits for them.  Done by the owning split instead, in
+    series with its rotation and its attention, the same work added 15.4 / 23.4 / 28.3 µs at bs
+    1 / 8 / 32 (H200, 2026-12-05), more than the two separate write launches (8.7-9.4 µs).
 The row sits in lane 0 of a [16, d] tile (tl.dot's minimum extent); the other 15 rows are masked.
 """
 
@@ -21,28 +25,25 @@ import torch
 import triton
 import triton.language as tl
 
-from ._quant_tiles import _clip_rows, _quantize_pack_store, _round_bf16
+from ._quant_tiles import _round_bf16
 from ._validate import FLOAT_ROWS, check_tensor
-from .write import _clip_args, _load_rotated_rows, _rotation_chunk
+from .write import _clip_args, _int2_rows, _load_rotated_rows, _rotation_chunk
 
 
 @triton.jit
 def _append_step(b, kh, split, lens_ptr, table_ptr, s_table, kb_ptr, vb_ptr, sbp, sbt, sbh,
-                 ak_ptr, av_ptr, sab, sah, rk_ptr, rv_ptr, srkh, srvh, p2_ptr, o2_ptr,
-                 kc_ptr, ks_ptr, vc_ptr, vs_ptr, skp, skt, skh, scp, sct, sch, ssp, sst, ssh,
-                 PAGE: tl.constexpr, D: tl.constexpr, GS: tl.constexpr, NUM_SPLITS: tl.constexpr,
-                 BLOCK_N: tl.constexpr, ROT_K: tl.constexpr, ROT_V: tl.constexpr, KC: tl.constexpr,
-                 INT2W: tl.constexpr, CLIP_K: tl.constexpr, IDX_K: tl.constexpr, CLIP_V: tl.constexpr,
-                 IDX_V: tl.constexpr, SCALE_FP16: tl.constexpr, KEY_BITS: tl.constexpr):
+                 ak_ptr, av_ptr, sab, sah, rk_ptr, rv_ptr, srkh, srvh,
+                 PAGE: tl.constexpr, D: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr,
+                 ROT_K: tl.constexpr, ROT_V: tl.constexpr, KC: tl.constexpr):
     """Split `split` of the BF16 tier of request b, KV head kh: store the new row if it owns it."""
     seq_len = tl.load(lens_ptr + b)
-    # the split rule of _tier_partial; a request without BF16 tokens gives its INT2 write to split 0
+    # the split rule of _tier_partial
     split_len = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
     start = split * split_len
     last = seq_len - 1
     mine = (last >= start) & (last < tl.minimum(start + split_len, seq_len))  # never when seq_len == 0
-    if ROT_K or ROT_V or INT2W:  # the [16, D] tile path (8 registers more than [D] vectors at 4 warps)
-        if mine | ((seq_len == 0) & (split == 0)):
+    if ROT_K or ROT_V:  # the [16, D] tile path (8 registers more than [D] vectors at 4 warps)
+        if mine:
             BR: tl.constexpr = 16
             lane = tl.arange(0, BR)
             one = lane == 0
@@ -50,35 +51,43 @@ def _append_step(b, kh, split, lens_ptr, table_ptr, s_table, kb_ptr, vb_ptr, sbp
             xk = _load_rotated_rows(ak_ptr, rk_ptr, n, one, kh, sab, sah, srkh, D, ROT_K, KC)
             xv = _load_rotated_rows(av_ptr, rv_ptr, n, one, kh, sab, sah, srvh, D, ROT_V, KC)
             col = tl.arange(0, D)
-            if seq_len > 0:
-                page = tl.load(table_ptr + b.to(tl.int64) * s_table + last // PAGE).to(tl.int64)
-                dst = (page * sbp + (last % PAGE) * sbt + kh * sbh + col)[None, :] + tl.zeros([BR, 1], tl.int64)
-                row0 = one[:, None] & (col[None, :] < D)
-                tl.store(kb_ptr + dst, _round_bf16(xk), mask=row0)
-                tl.store(vb_ptr + dst, _round_bf16(xv), mask=row0)
-            if INT2W:
-                p2 = tl.load(p2_ptr + b).to(tl.int64)
-                o2 = tl.load(o2_ptr + b)
-                zero = tl.zeros([BR], tl.int64)
-                scale_rows = p2 * ssp + o2 * sst + kh * ssh + zero
-                if CLIP_K:
-                    xk = _clip_rows(xk, IDX_K)
-                _quantize_pack_store(xk, one, kc_ptr + (p2 * skp + o2 * skt + kh * skh + zero), ks_ptr + scale_rows,
-                                     BR, D, GS, SCALE_FP16, KEY_BITS)
-                if CLIP_V:
-                    xv = _clip_rows(xv, IDX_V)
-                _quantize_pack_store(xv, one, vc_ptr + (p2 * scp + o2 * sct + kh * sch + zero), vs_ptr + scale_rows,
-                                     BR, D, GS, SCALE_FP16, 2)
-            tl.debug_barrier()  # bar.sync: the CTA's own stores are visible to its loads of that slot
-    elif mine:  # rows already rotated, BF16 only: [D] vectors
-        if seq_len > 0:
-            col = tl.arange(0, D)
             page = tl.load(table_ptr + b.to(tl.int64) * s_table + last // PAGE).to(tl.int64)
-            dst = page * sbp + (last % PAGE) * sbt + kh * sbh + col
-            src = b.to(tl.int64) * sab + kh * sah + col
-            tl.store(kb_ptr + dst, _round_bf16(tl.load(ak_ptr + src).to(tl.float32)))
-            tl.store(vb_ptr + dst, _round_bf16(tl.load(av_ptr + src).to(tl.float32)))
+            dst = (page * sbp + (last % PAGE) * sbt + kh * sbh + col)[None, :] + tl.zeros([BR, 1], tl.int64)
+            row0 = one[:, None] & (col[None, :] < D)
+            tl.store(kb_ptr + dst, _round_bf16(xk), mask=row0)
+            tl.store(vb_ptr + dst, _round_bf16(xv), mask=row0)
+            tl.debug_barrier()  # bar.sync: the CTA's own stores are visible to its loads of that slot
+    elif mine:  # rows already rotated: [D] vectors
+        col = tl.arange(0, D)
+        page = tl.load(table_ptr + b.to(tl.int64) * s_table + last // PAGE).to(tl.int64)
+        dst = page * sbp + (last % PAGE) * sbt + kh * sbh + col
+        src = b.to(tl.int64) * sab + kh * sah + col
+        tl.store(kb_ptr + dst, _round_bf16(tl.load(ak_ptr + src).to(tl.float32)))
+        tl.store(vb_ptr + dst, _round_bf16(tl.load(av_ptr + src).to(tl.float32)))
         tl.debug_barrier()
+
+
+@triton.jit
+def _append_int2(b, kh, which, ak_ptr, av_ptr, sab, sah, rk_ptr, rv_ptr, srkh, srvh, p2_ptr, o2_ptr,
+                 kc_ptr, ks_ptr, vc_ptr, vs_ptr, skp, skt, skh, scp, sct, sch, ssp, sst, ssh,
+                 D: tl.constexpr, GS: tl.constexpr, ROT_K: tl.constexpr, ROT_V: tl.constexpr, KC: tl.constexpr,
+                 CLIP_K: tl.constexpr, IDX_K: tl.constexpr, CLIP_V: tl.constexpr, IDX_V: tl.constexpr,
+                 SCALE_FP16: tl.constexpr, KEY_BITS: tl.constexpr):
+    """One of the two writer programs of (b, kh): K (which 0) or V (1) of the new row, rotated, clipped,
+    quantised and packed into its INT2 slot (write.py's _int2_rows, so int2_write_kv's bits)."""
+    BR: tl.constexpr = 16
+    one = tl.arange(0, BR) == 0
+    n = tl.zeros([BR], tl.int32) + b
+    p2 = tl.load(p2_ptr + b).to(tl.int64)
+    o2 = tl.load(o2_ptr + b)
+    zero = tl.zeros([BR], tl.int64)
+    srow = p2 * ssp + o2 * sst + kh * ssh + zero  # K and V scales share strides
+    if which == 0:
+        _int2_rows(ak_ptr, rk_ptr, n, one, kh, sab, sah, srkh, kc_ptr + (p2 * skp + o2 * skt + kh * skh + zero),
+                   ks_ptr + srow, D, GS, BR, ROT_K, KC, CLIP_K, IDX_K, SCALE_FP16, KEY_BITS)
+    else:
+        _int2_rows(av_ptr, rv_ptr, n, one, kh, sab, sah, srvh, vc_ptr + (p2 * scp + o2 * sct + kh * sch + zero),
+                   vs_ptr + srow, D, GS, BR, ROT_V, KC, CLIP_V, IDX_V, SCALE_FP16, 2)
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._append import _append_step, append_args
+from ._append import _append_int2, _append_step, append_args
 from ._attn_tiles import _int2_step, _load_q4, _page_bases, _rows_step, _store4
 from ._validate import (FLOAT_ROWS, check_positive, check_pow2, check_precision, check_rotation, check_tensor,
                         nonempty_table)
@@ -98,19 +98,26 @@ def _decode_stage1_kernel(q_ptr, kc_ptr, ks_ptr, vc_ptr, vs_ptr, t2_ptr, l2_ptr,
     # layer and step, ~4 µs of a 25 µs bs-1 16K step on the H200
     b = tl.program_id(0)
     kh = tl.program_id(1)
-    split = tl.program_id(2) + split0  # split0 = SPLITS2: the INT2 tier ran elsewhere (decode_cuda)
+    pid = tl.program_id(2)
+    writer = False
+    if INT2W:  # programs 0 and 1: the new row's INT2 write (K, V), off the attending programs' path
+        writer = pid < 2
+        pid = pid - 2
+    split = pid + split0  # split0 = SPLITS2: the INT2 tier ran elsewhere (decode_cuda)
     total = SPLITS2 + SPLITS16
-    if split < SPLITS2:
+    if writer:
+        _append_int2(b, kh, pid + 2, ak_ptr, av_ptr, sab, sah, rk_ptr, rv_ptr, srkh, srvh, ap_ptr, ao_ptr,
+                     kc_ptr, ks_ptr, vc_ptr, vs_ptr, skp, skt, skh, scp, sct, sch, ssp, sst, ssh,
+                     D, GS, ROT_K, ROT_V, KC, CLIP_K, IDX_K, CLIP_V, IDX_V, SCALE_FP16, KEY_BITS)
+    elif split < SPLITS2:
         _tier_partial(q_ptr, kc_ptr, ks_ptr, vc_ptr, vs_ptr, t2_ptr, l2_ptr, mid_o_ptr, mid_lse_ptr, qk_scale, sqb, sqh,
                       scp, sct, sch, skp, skt, skh, ssp, sst, ssh, st2, n_q_heads, b, kh, split, split, total,
                       GQA, PAGE2, D, GS, True, SPLITS2, BLOCK_H, BLOCK_N2, PRECISION, KEY_BITS)
     else:
         if APPEND:  # the step's new token, stored by the split owning its slot before anything reads it
             _append_step(b, kh, split - SPLITS2, l16_ptr, t16_ptr, st16, kb_ptr, vb_ptr, sbp, sbt, sbh,
-                         ak_ptr, av_ptr, sab, sah, rk_ptr, rv_ptr, srkh, srvh, ap_ptr, ao_ptr,
-                         kc_ptr, ks_ptr, vc_ptr, vs_ptr, skp, skt, skh, scp, sct, sch, ssp, sst, ssh,
-                         PAGE16, D, GS, SPLITS16, BLOCK_N16, ROT_K, ROT_V, KC, INT2W, CLIP_K, IDX_K, CLIP_V, IDX_V,
-                         SCALE_FP16, KEY_BITS)
+                         ak_ptr, av_ptr, sab, sah, rk_ptr, rv_ptr, srkh, srvh, PAGE16, D, SPLITS16, BLOCK_N16,
+                         ROT_K, ROT_V, KC)
         _tier_partial(q_ptr, kb_ptr, kb_ptr, vb_ptr, vb_ptr, t16_ptr, l16_ptr, mid_o_ptr, mid_lse_ptr, qk_scale, sqb,
                       sqh, sbp, sbt, sbh, 0, 0, 0, 0, 0, 0, st16, n_q_heads, b, kh, split - SPLITS2, split, total,
                       GQA, PAGE16, D, GS, False, SPLITS16, BLOCK_H, BLOCK_N16, PRECISION, 2)
@@ -191,7 +198,8 @@ def int2_decode_attention(q: torch.Tensor, kv: PagedKV, seg: Segments, *, k_rota
     default_block_n); 64 / 2 otherwise, since per-element dequantisation of several
     groups, or fp32 operands, at 128 / 3 needs 279-353 KB of shared memory (the H200 has 227 KB).
     max_registers caps the INT2 stage-1 kernel's registers a thread (ptxas maxnreg), trading spills
-    for resident programs; 0 lets ptxas choose; None: 128 on CUDA for that layout at block_n 128
+    for resident programs; 0 lets ptxas choose; None: 128 on CUDA for that layout at block_n 128 when
+    the Triton kernel serves the INT2 tier
     (4 resident programs of 4 warps per SM instead of 3 at ptxas's 150, no spills; H200 sweep:
     bs 32 × 128K 3195 -> 2722 µs, bs 8 × 128K 736 -> 720, bs 1 × 16K 22.1 -> 22.5), else ptxas.
     append_k / append_v [B, H_kv, d] (both or neither, in the cache's rotated basis): the step's new
@@ -237,7 +245,9 @@ def int2_decode_attention(q: torch.Tensor, kv: PagedKV, seg: Segments, *, k_rota
         if value is not None:
             check_positive(name, value)
     if max_registers is None:
-        max_registers = 128 if fast and block_n == 128 and q.is_cuda else 0
+        # the cap was tuned for the Triton INT2 tier; a launch serving only the BF16 tier (and the
+        # append's writer programs) keeps ptxas's own count
+        max_registers = 128 if fast and block_n == 128 and q.is_cuda and not use_cuda else 0
     elif max_registers != 0:
         check_positive("max_registers", max_registers)
     app = append_args(q, b, hkv, d, append_k, append_v, rotate_append, k_rotation, v_rotation, append_int2,
@@ -261,7 +271,8 @@ def int2_decode_attention(q: torch.Tensor, kv: PagedKV, seg: Segments, *, k_rota
     t2, t16 = nonempty_table(seg.int2_page_table), nonempty_table(seg.bf16_page_table)
     if use_cuda:
         int2_tier_cuda(q, kv, geo, seg, mid_o, mid_lse, qk_scale, s2)
-    _decode_stage1_kernel[(b, hkv, s16 if use_cuda else total)](
+    writers = 2 if app.constexprs["INT2W"] else 0
+    _decode_stage1_kernel[(b, hkv, (s16 if use_cuda else total) + writers)](
         q, kv.k_codes, kv.k_scales, kv.v_codes, kv.v_scales, t2, seg.int2_lens, kv.k_bf16, kv.v_bf16, t16,
         seg.bf16_lens, mid_o, mid_lse, qk_scale, q.stride(0), q.stride(1), *kv.v_codes.stride()[:3],
         *kv.k_codes.stride()[:3], *kv.k_scales.stride()[:3], t2.stride(0), *kv.k_bf16.stride()[:3], t16.stride(0), hq,

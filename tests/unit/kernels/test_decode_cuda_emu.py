@@ -61,7 +61,7 @@ def test_cuda_tier_matches_reference(cuda_tier, seed, g, page):
 
 
 @pytest.mark.parametrize("opts", [{"warps": 1}, {"warps": 2}, {"warps": 8}, {"shiftless": False},
-                                  {"pipe": 4}, {"pipe": 5, "warps": 2}])
+                                  {"pipe": 0}, {"pipe": 0, "warps": 2}, {"pipe": 4}, {"pipe": 5, "warps": 2}])
 def test_cuda_tier_launcher_options(cuda_tier, seed, opts):
     kv, seg, q = _cache(4, 16, [600, 33, 0], [70, 0, 9], seed)
     cuda_tier.update(opts)

@@ -1,0 +1,118 @@
+"""What the decode launch's own write of the step's new token costs, piece by piece (Qwen3-8B geometry).
+
+    python benchmarks/append_cost.py --out /tmp/append.md
+    TRITON_INTERPRET=1 python benchmarks/append_cost.py --smoke --out /tmp/append.md   # CPU check
+
+One decode launch over a 16K mixed cache per batch size, timed as decode_attention.py times it (CUDA
+graphs over input copies that miss L2, medians), in these forms:
+  rot          q rotated by R_K, no append (the baseline of the sglang forms)
+  ring         the torch engine's fused ring write: already rotated rows stored BF16
+  rot+bf16     rows rotated by R_K in the launch, stored BF16 (no INT2 copy)
+  sglang clip0 + the INT2 copy by the two writer programs, no clip
+  sglang       + clip K at 0.96: the sglang backend's decode step
+  separate     int2_write_kv + bf16_write_kv launches, then the rot launch (the unfused step)
+and the stage-1 kernel's registers / spills per compiled variant (ptxas, via Triton).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from decode_attention import (D, HKV, HQ, PAGE, RECENT, SINK, _commit, _fmt, _table, _tensors,  # noqa: E402
+                              time_calls)
+
+from oscar_ray.kernels import bf16_write_kv, int2_decode_attention, int2_write_kv  # noqa: E402
+from oscar_ray.kernels.decode_attention import _decode_stage1_kernel  # noqa: E402
+from oscar_ray.kernels.synthetic import random_mixed_cache  # noqa: E402
+
+FORMS = ["rot", "ring", "rot+bf16", "sglang clip0", "sglang", "separate"]
+
+
+def bench(batch: int, ctx: int, args, device: str) -> list[str]:
+    n2 = ctx - SINK - RECENT
+    kv, seg = random_mixed_cache([n2] * batch, [SINK + RECENT] * batch, HKV, D, device=device)
+    q = torch.randn(batch, HQ, D, device=device)
+    new_k, new_v = (torch.randn(batch, HKV, D, device=device) for _ in "kv")
+    r_k = torch.linalg.qr(torch.randn(D, D, device=device))[0].contiguous()
+    used = set(seg.int2_page_table.flatten().tolist())
+    free = torch.tensor([p for p in range(kv.k_codes.shape[0]) if p not in used], dtype=torch.int32, device=device)
+    slot = torch.arange(batch, device=device)
+    int2_slot = (free[slot // PAGE % free.numel()].contiguous(), (slot % PAGE).to(torch.int32))
+    last = seg.bf16_lens.long() - 1
+    p16 = seg.bf16_page_table.gather(1, (last // kv.k_bf16.shape[1])[:, None])[:, 0].int()
+    o16 = (last % kv.k_bf16.shape[1]).int()
+    nbytes = kv.k_codes.numel() * 2 + kv.k_bf16.numel() * 4
+
+    def forms(copies, form):
+        caches = [(kv, seg)] + [(type(kv)(*[t.clone() for t in _tensors(kv)], kv.group_size, kv.key_bits),
+                                 type(seg)(*[t.clone() for t in _tensors(seg)])) for _ in range(copies - 1)]
+        extra = dict(k_rotation=r_k)
+        if form == "ring":
+            extra = dict(append_k=new_k, append_v=new_v)
+        elif form != "rot" and form != "separate":
+            extra.update(append_k=new_k, append_v=new_v, rotate_append=True)
+            if form.startswith("sglang"):
+                extra.update(append_int2=int2_slot, append_clip=(0.0 if form.endswith("clip0") else 0.96, 0.0))
+
+        def call(c):
+            if form == "separate":
+                int2_write_kv(new_k, new_v, r_k, None, 0.96, 0.0, *int2_slot, c[0].k_codes, c[0].k_scales,
+                              c[0].v_codes, c[0].v_scales)
+                bf16_write_kv(new_k, new_v, r_k, None, p16, o16, c[0].k_bf16, c[0].v_bf16)
+            return int2_decode_attention(q, c[0], c[1], max_int2_len=n2, **extra)
+        return [lambda c=c: call(c) for c in caches]
+
+    times = [time_calls(lambda copies, f=f: forms(copies, f), nbytes, args) for f in FORMS]
+    base = times[0][1]
+    return [str(batch), str(ctx)] + [f"{_fmt(t)} ({t[1] - base:+.1f})" if i else _fmt(t) for i, t in enumerate(times)]
+
+
+def registers() -> list[str]:
+    """n_regs / n_spills of each compiled stage-1 variant (append forms differ in constexprs)."""
+    lines = []
+    for dev_cache in getattr(_decode_stage1_kernel, "device_caches", {}).values():  # none interpreted
+        for key, k in dev_cache[0].items():
+            if getattr(k, "n_regs", None) is None:
+                continue
+            try:  # ASTSource.constants: {(arg index,): value} in Triton 3.x
+                names = k.src.fn.arg_names
+                consts = {names[i[0] if isinstance(i, tuple) else i]: v for i, v in k.src.constants.items()}
+                tag = ", ".join(f"{n}={consts[n]}" for n in ("INT2W", "ROT_K", "CLIP_K", "SPLITS2", "SPLITS16"))
+            except (AttributeError, IndexError, KeyError, TypeError):
+                tag = str(key)[:120]
+            lines.append(f"- {tag}: {k.n_regs} registers, {k.n_spills} spills")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", required=True)
+    p.add_argument("--smoke", action="store_true", help="tiny sizes, no CUDA graphs (CPU + TRITON_INTERPRET=1)")
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
+    p.add_argument("--context", type=int, default=16384)
+    p.add_argument("--replays", type=int, default=20)
+    p.add_argument("--repeats", type=int, default=5)
+    args = p.parse_args(argv)
+    device = "cpu" if args.smoke else "cuda"
+    if args.smoke:
+        args.batches, args.context, args.repeats = [2], SINK + RECENT + 64, 2
+    rows = [bench(b, args.context, args, device) for b in args.batches]
+    card = "cpu (interpreter)" if args.smoke else torch.cuda.get_device_name()
+    lines = [f"# Decode append cost, {card}, {datetime.date.today()}, commit {_commit()}", "",
+             "µs per launch, median (p20–p80), in parentheses the difference to `rot`.", "",
+             *_table(["batch", "context", *[f"{f} µs" for f in FORMS]], rows), "", *registers(), ""]
+    text = "\n".join(lines)
+    print(text)
+    with open(args.out, "w") as f:
+        f.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
