@@ -26,3 +26,9 @@ step tests_gpu 220 python3 -m pytest -q tests/gpu --durations=15
 step append_cost 130 python3 benchmarks/append_cost.py --out "$OUT/append.md"
 # 3. the decode table (no extend) at the default cp.async ring, writes included (~95-150 s)
 step decode_pipe4 170 python3 benchmarks/decode_attention.py --cuda-pipe 4 --extend-contexts --out "$OUT/decode_pipe4.md"
+# 4. the ring's issue rate and stalls at bs 8 x 128K (16 splits: the pipe-4 default), if ncu is there
+if command -v ncu > /dev/null; then
+  step ncu_ring 60 ncu -k regex:oscar_int2 --clock-control none --section SpeedOfLight --section Occupancy \
+    --section SchedulerStats --section WarpStateStats --section MemoryWorkloadAnalysis \
+    python3 benchmarks/ncu_decode.py 8 131072 128 4 3 16
+fi
