@@ -24,8 +24,8 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from decode_attention import (D, HKV, HQ, PAGE, RECENT, SINK, _commit, _fmt, _table, _tensors,  # noqa: E402
-                              time_calls)
+from decode_attention import (D, HKV, HQ, RECENT, SINK, _cache_copies, _commit, _fmt,  # noqa: E402
+                              _free_int2_slots, _table, time_calls)
 
 from oscar_ray.kernels import bf16_write_kv, int2_decode_attention, int2_write_kv  # noqa: E402
 from oscar_ray.kernels.decode_attention import _decode_stage1_kernel  # noqa: E402
@@ -40,18 +40,14 @@ def bench(batch: int, ctx: int, args, device: str) -> list[str]:
     q = torch.randn(batch, HQ, D, device=device)
     new_k, new_v = (torch.randn(batch, HKV, D, device=device) for _ in "kv")
     r_k = torch.linalg.qr(torch.randn(D, D, device=device))[0].contiguous()
-    used = set(seg.int2_page_table.flatten().tolist())
-    free = torch.tensor([p for p in range(kv.k_codes.shape[0]) if p not in used], dtype=torch.int32, device=device)
-    slot = torch.arange(batch, device=device)
-    int2_slot = (free[slot // PAGE % free.numel()].contiguous(), (slot % PAGE).to(torch.int32))
+    int2_slot = _free_int2_slots(kv, seg, batch)
     last = seg.bf16_lens.long() - 1
     p16 = seg.bf16_page_table.gather(1, (last // kv.k_bf16.shape[1])[:, None])[:, 0].int()
     o16 = (last % kv.k_bf16.shape[1]).int()
     nbytes = kv.k_codes.numel() * 2 + kv.k_bf16.numel() * 4
 
     def forms(copies, form):
-        caches = [(kv, seg)] + [(type(kv)(*[t.clone() for t in _tensors(kv)], kv.group_size, kv.key_bits),
-                                 type(seg)(*[t.clone() for t in _tensors(seg)])) for _ in range(copies - 1)]
+        caches = _cache_copies(kv, seg, copies)
         extra = dict(k_rotation=r_k)
         if form == "ring":
             extra = dict(append_k=new_k, append_v=new_v)

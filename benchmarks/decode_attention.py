@@ -118,14 +118,10 @@ def bench_decode(batch: int, ctx: int, args, device: str) -> list[str] | None:
     # torch matmul outside the kernels, so its baseline is the plain launch with R_K), store BF16 and
     # INT2 (into unused INT2 pages), clip K 0.96
     r_k = torch.linalg.qr(torch.randn(D, D, device=device))[0].contiguous()
-    used = set(seg.int2_page_table.flatten().tolist())
-    free = torch.tensor([p for p in range(kv.k_codes.shape[0]) if p not in used], dtype=torch.int32, device=device)
-    slot = torch.arange(batch, device=device)
-    int2_slot = (free[slot // PAGE % free.numel()].contiguous(), (slot % PAGE).to(torch.int32))
+    int2_slot = _free_int2_slots(kv, seg, batch)
 
     def ours(copies, append=None):
-        caches = [(kv, seg)] + [(type(kv)(*[t.clone() for t in list(_tensors(kv))], kv.group_size, kv.key_bits),
-                                 type(seg)(*[t.clone() for t in _tensors(seg)])) for _ in range(copies - 1)]
+        caches = _cache_copies(kv, seg, copies)
         extra = {}
         if append == "ring":
             extra = dict(append_k=new_k, append_v=new_v)
@@ -168,6 +164,22 @@ def bench_decode(batch: int, ctx: int, args, device: str) -> list[str] | None:
 
 def _tensors(obj):
     return [getattr(obj, f) for f in obj.__slots__ if isinstance(getattr(obj, f), torch.Tensor)]
+
+
+def _cache_copies(kv, seg, n: int) -> list:
+    """(kv, seg) and n - 1 deep copies of both: the inputs time_calls cycles through to miss L2."""
+    return [(kv, seg)] + [(type(kv)(*[t.clone() for t in _tensors(kv)], kv.group_size, kv.key_bits),
+                           type(seg)(*[t.clone() for t in _tensors(seg)])) for _ in range(n - 1)]
+
+
+def _free_int2_slots(kv, seg, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(page, offset) [batch] int32 in INT2 pages no request's table names: where a timed step's
+    INT2 copy of the new row can land without changing what the attention reads."""
+    used = set(seg.int2_page_table.flatten().tolist())
+    free = torch.tensor([p for p in range(kv.k_codes.shape[0]) if p not in used], dtype=torch.int32,
+                        device=kv.k_codes.device)
+    slot = torch.arange(batch, device=kv.k_codes.device)
+    return free[slot // PAGE % free.numel()].contiguous(), (slot % PAGE).to(torch.int32)
 
 
 def _sdpa_decode(q, k, v):

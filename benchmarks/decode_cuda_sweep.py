@@ -21,7 +21,7 @@ from functools import partial
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from decode_attention import D, HKV, HQ, RECENT, SINK, _commit, _fmt, _sdpa_decode, _table, _tensors, time_calls  # noqa: E402
+from decode_attention import D, HKV, HQ, RECENT, SINK, _commit, _fmt, _cache_copies, _sdpa_decode, _table, time_calls  # noqa: E402
 
 import oscar_ray.kernels.decode_attention as dec  # noqa: E402
 from oscar_ray.kernels import decode_cuda, int2_decode_attention  # noqa: E402
@@ -77,8 +77,7 @@ def sweep(batch: int, ctx: int, configs, args) -> list[list[str]]:
     q = torch.randn(batch, HQ, D, device="cuda")
 
     def caches(n):
-        return [(kv, seg)] + [(type(kv)(*[t.clone() for t in _tensors(kv)], kv.group_size, kv.key_bits),
-                               type(seg)(*[t.clone() for t in _tensors(seg)])) for _ in range(n - 1)]
+        return _cache_copies(kv, seg, n)
 
     rows = []
 

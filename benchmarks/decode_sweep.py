@@ -17,7 +17,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from decode_attention import (D, HKV, HQ, RECENT, SINK, WRITE_HEADER, _sdpa_decode, _tensors,  # noqa: E402
+from decode_attention import (D, HKV, HQ, RECENT, SINK, WRITE_HEADER, _cache_copies, _sdpa_decode,  # noqa: E402
                               bench_writes, time_calls)
 
 from oscar_ray.kernels import default_num_splits, int2_decode_attention  # noqa: E402
@@ -31,10 +31,7 @@ def sweep_shape(batch: int, ctx: int, configs: list[tuple[int, ...]], args) -> l
     kv, seg = random_mixed_cache([n2] * batch, [SINK + RECENT] * batch, HKV, D, scale_dtype=args.scale_dtype,
                                  device="cuda")
     q = torch.randn(batch, HQ, D, device="cuda")
-    copies = [(kv, seg)]
-    need = max(1, min(32, -(-(192 << 20) // nbytes)))
-    copies += [(type(kv)(*[t.clone() for t in _tensors(kv)], kv.group_size), type(seg)(*[t.clone() for t in _tensors(seg)]))
-               for _ in range(need - 1)]
+    copies = _cache_copies(kv, seg, max(1, min(32, -(-(192 << 20) // nbytes))))
     rows = []
     for cfg in configs:
         bn, w, st = cfg[:3]

@@ -102,11 +102,10 @@ def _decode_stage1_kernel(q_ptr, kc_ptr, ks_ptr, vc_ptr, vs_ptr, t2_ptr, l2_ptr,
     writer = False
     if INT2W:  # programs 0 and 1: the new row's INT2 write (K, V), off the attending programs' path
         writer = pid < 2
-        pid = pid - 2
-    split = pid + split0  # split0 = SPLITS2: the INT2 tier ran elsewhere (decode_cuda)
+    split = pid - 2 * INT2W + split0  # split0 = SPLITS2: the INT2 tier ran elsewhere (decode_cuda)
     total = SPLITS2 + SPLITS16
     if writer:
-        _append_int2(b, kh, pid + 2, ak_ptr, av_ptr, sab, sah, rk_ptr, rv_ptr, srkh, srvh, ap_ptr, ao_ptr,
+        _append_int2(b, kh, pid, ak_ptr, av_ptr, sab, sah, rk_ptr, rv_ptr, srkh, srvh, ap_ptr, ao_ptr,
                      kc_ptr, ks_ptr, vc_ptr, vs_ptr, skp, skt, skh, scp, sct, sch, ssp, sst, ssh,
                      D, GS, ROT_K, ROT_V, KC, CLIP_K, IDX_K, CLIP_V, IDX_V, SCALE_FP16, KEY_BITS)
     elif split < SPLITS2:

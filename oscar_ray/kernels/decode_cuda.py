@@ -46,6 +46,7 @@ from .layout import KVGeometry, PagedKV, Segments
 KERNEL_NAME = "oscar_int2_decode_d128"
 STEP = 32  # tokens per online-softmax step: two 16-token MMA tiles
 STEP_BYTES = 2304  # a step's bytes in the cp.async ring: 32 tokens x (32 + 32 code + 4 + 4 scale bytes)
+RING_BYTES = 48 * 1024  # the ring is static shared memory: warps x pipe x STEP_BYTES must fit 48 KB
 # 0: next step prefetched into registers; P >= 3: cp.async ring of P steps per warp.  4 on the H200:
 # 3.06x SDPA at 128K bs8 (322.6 us) against 2.6x for 0; only 1x32K is slower (27.6 vs 25.0 us)
 DEFAULT_PIPE = 4
@@ -166,8 +167,8 @@ def launch_plan(q: torch.Tensor, kv: PagedKV, geo: KVGeometry, seg: Segments, mi
         raise ValueError(f"warps must be 1, 2, 4 or 8, got {warps}")
     c, s = kv.k_codes.stride(), kv.k_scales.stride()
     if pipe is None:  # the default ring where it fits in 48 KB (8 warps x 4 steps need 72 KB): else registers
-        pipe = DEFAULT_PIPE if warps * DEFAULT_PIPE * STEP_BYTES <= 48 * 1024 else 0
-    if pipe not in (0, 3, 4, 5, 6) or warps * pipe * STEP_BYTES > 48 * 1024:
+        pipe = DEFAULT_PIPE if warps * DEFAULT_PIPE * STEP_BYTES <= RING_BYTES else 0
+    if pipe not in (0, 3, 4, 5, 6) or warps * pipe * STEP_BYTES > RING_BYTES:
         raise ValueError(f"pipe must be 0 or 3-6 steps with warps x pipe x {STEP_BYTES} B <= 48 KB of static "
                          f"shared memory, got pipe {pipe} at {warps} warps")
     ints = (q.stride(0), q.stride(1), c[0], c[2], s[0], s[2], table.stride(0), hq, total, n_splits)
