@@ -99,15 +99,19 @@ def _decode_stage1_kernel(q_ptr, kc_ptr, ks_ptr, vc_ptr, vs_ptr, t2_ptr, l2_ptr,
     b = tl.program_id(0)
     kh = tl.program_id(1)
     pid = tl.program_id(2)
+    # programs 0 and 1: the new row's INT2 write (K, V), off the attending programs' path.  `writer` is
+    # a runtime i1 (the compiler makes a literal False a tensor), so the call below sits behind the
+    # constexpr as well: without INT2W its placeholder pointers must never reach the compiler
     writer = False
-    if INT2W:  # programs 0 and 1: the new row's INT2 write (K, V), off the attending programs' path
+    if INT2W:
         writer = pid < 2
     split = pid - 2 * INT2W + split0  # split0 = SPLITS2: the INT2 tier ran elsewhere (decode_cuda)
     total = SPLITS2 + SPLITS16
     if writer:
-        _append_int2(b, kh, pid, ak_ptr, av_ptr, sab, sah, rk_ptr, rv_ptr, srkh, srvh, ap_ptr, ao_ptr,
-                     kc_ptr, ks_ptr, vc_ptr, vs_ptr, skp, skt, skh, scp, sct, sch, ssp, sst, ssh,
-                     D, GS, ROT_K, ROT_V, KC, CLIP_K, IDX_K, CLIP_V, IDX_V, SCALE_FP16, KEY_BITS)
+        if INT2W:
+            _append_int2(b, kh, pid, ak_ptr, av_ptr, sab, sah, rk_ptr, rv_ptr, srkh, srvh, ap_ptr, ao_ptr,
+                         kc_ptr, ks_ptr, vc_ptr, vs_ptr, skp, skt, skh, scp, sct, sch, ssp, sst, ssh,
+                         D, GS, ROT_K, ROT_V, KC, CLIP_K, IDX_K, CLIP_V, IDX_V, SCALE_FP16, KEY_BITS)
     elif split < SPLITS2:
         _tier_partial(q_ptr, kc_ptr, ks_ptr, vc_ptr, vs_ptr, t2_ptr, l2_ptr, mid_o_ptr, mid_lse_ptr, qk_scale, sqb, sqh,
                       scp, sct, sch, skp, skt, skh, ssp, sst, ssh, st2, n_q_heads, b, kh, split, split, total,
