@@ -15,6 +15,7 @@ typedef unsigned int u32;
 #define D 128
 #define FULL 0xffffffffu
 #define NEG_INF __int_as_float(0xff800000)
+#define RESCALE_SLACK 8.0f  // log2 units: the reference max moves when a score is 2^8 above it
 
 // The PTX primitives.  tests/unit/kernels/cuda_emu.h defines the same functions for a CPU build of
 // this file (OSCAR_CPU_EMU), which runs the kernel lane by lane in CI; everything below the block
@@ -235,34 +236,36 @@ oscar_int2_decode_d128(const float* __restrict__ q, const unsigned char* __restr
                 }
             }
         }
-        // online softmax per head column: the step's max over 32 tokens (8 lanes x 4 values)
-        float alpha[NT][2];
-        bool grow = false;
+        // online softmax with a lazy reference: p = 2^(s - m) against the running reference m, which
+        // moves only when a score exceeds it by more than RESCALE_SLACK (p <= 2^8: exact in fp32 / bf16
+        // range, l and acc stay consistent with m; the merge only needs (m, l, acc) to agree).  The
+        // common step then needs no cross-lane max (3 dependent SHFL + FMNMX per head column) and no
+        // alpha ex2: each lane compares its own 4 scores per column, one vote decides for the warp.
+        float lm[NT][2];
+        bool big = false;
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
             for (int hh = 0; hh < 2; ++hh) {
-                float x = fmaxf(fmaxf(s[0][nt][hh], s[0][nt][2 + hh]), fmaxf(s[1][nt][hh], s[1][nt][2 + hh]));
-                x = fmaxf(x, __shfl_xor_sync(FULL, x, 4));
-                x = fmaxf(x, __shfl_xor_sync(FULL, x, 8));
-                x = fmaxf(x, __shfl_xor_sync(FULL, x, 16));
-                const float mn = fmaxf(m[nt][hh], x);
-                grow |= mn > m[nt][hh];
-                alpha[nt][hh] = (mn == NEG_INF) ? 1.0f : ex2(m[nt][hh] - mn);
-                m[nt][hh] = mn;
+                lm[nt][hh] = fmaxf(fmaxf(s[0][nt][hh], s[0][nt][2 + hh]), fmaxf(s[1][nt][hh], s[1][nt][2 + hh]));
+                big |= lm[nt][hh] > m[nt][hh] + RESCALE_SLACK;  // m = -inf: true for any finite score
             }
         }
-        if (__any_sync(FULL, grow)) {  // after the first steps the max rarely moves: skip 36 FMULs
+        if (__any_sync(FULL, big)) {  // the first step, and the rare step whose scores outgrow m by 2^8
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
                 for (int hh = 0; hh < 2; ++hh) {
-                    l[nt][hh] *= alpha[nt][hh]; lr[nt][hh] *= alpha[nt][hh]; zs[nt][hh] *= alpha[nt][hh];
-                }
+                    float x = lm[nt][hh];
+                    x = fmaxf(x, __shfl_xor_sync(FULL, x, 4));
+                    x = fmaxf(x, __shfl_xor_sync(FULL, x, 8));
+                    x = fmaxf(x, __shfl_xor_sync(FULL, x, 16));
+                    const float mn = fmaxf(m[nt][hh], x);
+                    const float alpha = (mn == NEG_INF) ? 1.0f : ex2(m[nt][hh] - mn);
+                    m[nt][hh] = mn;
+                    l[nt][hh] *= alpha; lr[nt][hh] *= alpha; zs[nt][hh] *= alpha;
 #pragma unroll
-                for (int i = 0; i < 8; ++i) {
-                    acc[i][nt][0] *= alpha[nt][0]; acc[i][nt][2] *= alpha[nt][0];
-                    acc[i][nt][1] *= alpha[nt][1]; acc[i][nt][3] *= alpha[nt][1];
+                    for (int i = 0; i < 8; ++i) { acc[i][nt][hh] *= alpha; acc[i][nt][2 + hh] *= alpha; }
                 }
             }
         }

@@ -69,6 +69,21 @@ def test_cuda_tier_launcher_options(cuda_tier, seed, opts):
     assert_close_verbose(out, decode_attention_reference(q, kv, seg), *BF16_TOL, what=str(opts))
 
 
+@pytest.mark.parametrize("pipe", [0, decode_cuda.DEFAULT_PIPE])
+def test_running_max_that_keeps_rising(cuda_tier, seed, pipe):
+    # key scales growing along each request (x1 .. x5) and q x 2: a warp's later steps score far above
+    # its earlier ones, so the lazy reference max moves mid-split (by more than its 2^8 slack) and
+    # the accumulators must be rescaled there, not only at a split's first step
+    kv, seg, q = _cache(4, 8, [900, 300], [40, 0], seed)
+    for b, n in enumerate(seg.int2_lens.tolist()):
+        for j in range(-(-n // 8)):
+            kv.k_scales[seg.int2_page_table[b, j], ..., 0] *= 1 + 4 * j * 8 / n
+    q = q * 2
+    cuda_tier.update(pipe=pipe)
+    out = int2_decode_attention(q, kv, seg, num_splits=1, bf16_splits=1)
+    assert_close_verbose(out, decode_attention_reference(q, kv, seg), *BF16_TOL, what=f"pipe {pipe}")
+
+
 def _partials(q, kv, seg, splits, pipe, early, warps=4):
     b, hq, _ = q.shape
     mid_o = torch.full((b, hq, splits, D), float("nan"))
