@@ -198,7 +198,9 @@ oscar_int2_decode_d128(const float* __restrict__ q, const unsigned char* __restr
     // one 32-token step (two tiles) of this warp: scores, online softmax, P'·V
     // vslot (PIPE): the step's ring slot, from which each tile's V code words are read right before
     // its P'·V MMAs, so they are not live across the scores (the register path keeps them in T)
-    auto process = [&](const Tile (&T)[2], const int n0, const unsigned char* vslot) {
+    // tail (a literal at each call, so each inlined copy folds it): true only for a step reaching
+    // past end; a full step, every step but a warp's last, skips the token masks (4 ISETP + 16 FSEL)
+    auto process = [&](const Tile (&T)[2], const int n0, const unsigned char* vslot, const bool tail) {
         // scores S^T[token, head] of both tiles
         float s[2][NT][4];
         float vsc[2][2], vzc[2][2];  // V (s, z) of tokens g, g + 8, 0 when masked
@@ -221,7 +223,7 @@ oscar_int2_decode_d128(const float* __restrict__ q, const unsigned char* __restr
             const int tok = n0 + 16 * mt + g;
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
-                const bool ok = tok + 8 * r < end;
+                const bool ok = !tail || tok + 8 * r < end;
                 const float2 kz = halves(T[mt].ksz[r]);
                 const float2 vz = halves(T[mt].vsz[r]);
                 vsc[mt][r] = ok ? vz.x : 0.0f;
@@ -366,7 +368,9 @@ oscar_int2_decode_d128(const float* __restrict__ q, const unsigned char* __restr
         }
         __syncwarp();  // every lane is done with slot (i - 1) % PIPE (step i - 1) before it is refilled
         issue(i + PIPE - 1);
-        process(T, start + warp * 32 + i * stride, slot);
+        const int n0 = start + warp * 32 + i * stride;
+        if (n0 + 32 <= end) process(T, n0, slot, false);
+        else process(T, n0, slot, true);
     }
     cp_wait<0>();
     __syncthreads();  // sh_o aliases the rings
@@ -377,10 +381,12 @@ oscar_int2_decode_d128(const float* __restrict__ q, const unsigned char* __restr
     for (int n0 = start + warp * 32; n0 < end; n0 += 2 * stride) {
         const int n1 = n0 + stride;
         if (n1 < end) load_step(tb, n1);
-        process(ta, n0, nullptr);
+        if (n0 + 32 <= end) process(ta, n0, nullptr, false);
+        else process(ta, n0, nullptr, true);
         if (n1 >= end) break;
         if (n1 + stride < end) load_step(ta, n1 + stride);
-        process(tb, n1, nullptr);
+        if (n1 + 32 <= end) process(tb, n1, nullptr, false);
+        else process(tb, n1, nullptr, true);
     }
 #endif
 
