@@ -3,7 +3,8 @@
 No GPU needed: NVRTC (the nvidia-cuda-nvrtc wheel of the dev extra) compiles each specialisation to
 PTX, Triton's bundled ptxas to sm_90 SASS, nvdisasm lists it.  The main loop's common path is walked
 from its head to the backward branch: forward branches are followed when they skip a block that is
-mostly FMULs (the online-softmax rescale, which `__any_sync(grow)` skips once the maxima settle) and
+mostly FMULs or is guarded by a VOTE.ANY (the online-softmax rescale, which `__any_sync(big)` runs only
+when a score tops the lazy reference by 2^8: a split's first step and a few more) and
 not otherwise (every load of a full step is taken); BRA.DIV (taken by a diverged warp) never is.  Instructions on that path / tokens it covers =
 warp-instructions per token of one KV head.  With the H200's 4 schedulers x 132 SMs x 1.98 GHz and
 72 bytes per token-head (codes + fp16 scales), an issue rate r per scheduler-cycle bounds the
@@ -97,7 +98,8 @@ def loop_path(listing: str) -> list[str]:
             j = labels[target(ops)]
             skipped = [o for _, _, o, _ in ins[i + 1:j]]
             fmul_block = head < j <= end and skipped and sum(o.startswith("FMUL") for o in skipped) > len(skipped) / 2
-            if not pred or fmul_block:
+            rare = head < j <= end and i > 0 and ins[i - 1][2].startswith("VOTE.ANY")  # if (__any_sync(big))
+            if not pred or fmul_block or rare:
                 i = j
                 continue
         i += 1

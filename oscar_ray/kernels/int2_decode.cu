@@ -186,12 +186,15 @@ oscar_int2_decode_d128(const float* __restrict__ q, const unsigned char* __restr
     }
 
     float acc[8][NT][4];
-    float m[NT][2], l[NT][2], lr[NT][2], zs[NT][2];  // lr = Σ P' (rounded), zs = Σ P'·z_V
+    float m[NT][2], mr[NT][2], q128[NT][2], l[NT][2], lr[NT][2], zs[NT][2];  // lr = Σ P' (rounded), zs = Σ P'·z_V
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
         for (int i = 0; i < 8; ++i) acc[i][nt][0] = acc[i][nt][1] = acc[i][nt][2] = acc[i][nt][3] = 0.0f;
         m[nt][0] = m[nt][1] = NEG_INF;
+        mr[nt][0] = mr[nt][1] = 0.0f;
+        q128[nt][0] = 128.0f * qsum2[nt][0];  // the MMA's offset of the +128 codes
+        q128[nt][1] = 128.0f * qsum2[nt][1];
         l[nt][0] = l[nt][1] = lr[nt][0] = lr[nt][1] = zs[nt][0] = zs[nt][1] = 0.0f;
     }
 
@@ -232,17 +235,20 @@ oscar_int2_decode_d128(const float* __restrict__ q, const unsigned char* __restr
                 for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
                     for (int hh = 0; hh < 2; ++hh) {
-                        const float x = kz.x * (s[mt][nt][2 * r + hh] - 128.0f * qsum2[nt][hh] - kz.y * qsum[nt][hh]);
-                        s[mt][nt][2 * r + hh] = ok ? x : NEG_INF;
+                        // u = score - mr, log2 units: the reference folded into the fixup's FFMA
+                        const float e = fmaf(kz.y, qsum[nt][hh], q128[nt][hh]);
+                        const float u = fmaf(kz.x, s[mt][nt][2 * r + hh] - e, -mr[nt][hh]);
+                        s[mt][nt][2 * r + hh] = ok ? u : NEG_INF;
                     }
                 }
             }
         }
-        // online softmax with a lazy reference: p = 2^(s - m) against the running reference m, which
+        // online softmax with a lazy reference: p = 2^(score - m) against the running reference m, which
         // moves only when a score exceeds it by more than RESCALE_SLACK (p <= 2^8: exact in fp32 / bf16
         // range, l and acc stay consistent with m; the merge only needs (m, l, acc) to agree).  The
         // common step then needs no cross-lane max (3 dependent SHFL + FMNMX per head column) and no
         // alpha ex2: each lane compares its own 4 scores per column, one vote decides for the warp.
+        // s holds u = score - mr (mr = m, or 0 while m is -inf: no score seen yet, which also moves m).
         float lm[NT][2];
         bool big = false;
 #pragma unroll
@@ -250,7 +256,7 @@ oscar_int2_decode_d128(const float* __restrict__ q, const unsigned char* __restr
 #pragma unroll
             for (int hh = 0; hh < 2; ++hh) {
                 lm[nt][hh] = fmaxf(fmaxf(s[0][nt][hh], s[0][nt][2 + hh]), fmaxf(s[1][nt][hh], s[1][nt][2 + hh]));
-                big |= lm[nt][hh] > m[nt][hh] + RESCALE_SLACK;  // m = -inf: true for any finite score
+                big |= lm[nt][hh] > RESCALE_SLACK || m[nt][hh] == NEG_INF;
             }
         }
         if (__any_sync(FULL, big)) {  // the first step, and the rare step whose scores outgrow m by 2^8
@@ -262,9 +268,14 @@ oscar_int2_decode_d128(const float* __restrict__ q, const unsigned char* __restr
                     x = fmaxf(x, __shfl_xor_sync(FULL, x, 4));
                     x = fmaxf(x, __shfl_xor_sync(FULL, x, 8));
                     x = fmaxf(x, __shfl_xor_sync(FULL, x, 16));
-                    const float mn = fmaxf(m[nt][hh], x);
+                    const float mn = fmaxf(m[nt][hh], x + mr[nt][hh]);
                     const float alpha = (mn == NEG_INF) ? 1.0f : ex2(m[nt][hh] - mn);
+                    const float mr_new = (mn == NEG_INF) ? 0.0f : mn;
+                    const float shift = mr_new - mr[nt][hh];  // re-base this step's u on the new reference
+#pragma unroll
+                    for (int mt = 0; mt < 2; ++mt) { s[mt][nt][hh] -= shift; s[mt][nt][2 + hh] -= shift; }
                     m[nt][hh] = mn;
+                    mr[nt][hh] = mr_new;
                     l[nt][hh] *= alpha; lr[nt][hh] *= alpha; zs[nt][hh] *= alpha;
 #pragma unroll
                     for (int i = 0; i < 8; ++i) { acc[i][nt][hh] *= alpha; acc[i][nt][2 + hh] *= alpha; }
@@ -280,8 +291,7 @@ oscar_int2_decode_d128(const float* __restrict__ q, const unsigned char* __restr
 #pragma unroll
                 for (int c = 0; c < 4; ++c) {
                     const int hh = c & 1, r = c >> 1;
-                    const float mref = (m[nt][hh] == NEG_INF) ? 0.0f : m[nt][hh];
-                    const float p = ex2(s[mt][nt][c] - mref);
+                    const float p = ex2(s[mt][nt][c]);
                     l[nt][hh] += p;
                     ps[c] = p * vsc[mt][r];
                 }
