@@ -3,7 +3,8 @@
     PYTHONPATH=. python3 benchmarks/decode_cuda_sweep.py --out cuda.md [--configs 4:0 8:0 4:24 ...]
 
 A config is warps:splits[:min_blocks[:shiftless[:pipe]]] (splits 0: default_cuda_splits; min_blocks absent
-or 0: the launcher's; shiftless 0: the shift-per-code unpack; pipe P >= 3: cp.async ring of P steps).  Per shape it times, in one call and with CUDA graphs over cold-L2 copies (as
+or 0: the launcher's; shiftless 0: the shift-per-code unpack, 1: bf16 masks in place, 2 (default): and fp16
+keys; pipe P >= 3: cp.async ring of P steps).  Per shape it times, in one call and with CUDA graphs over cold-L2 copies (as
 benchmarks/decode_attention.py): the Triton stage 1 (int2_kernel="triton", launcher defaults), each
 CUDA config, and torch SDPA over a BF16 cache.  Before timing it checks the CUDA path against the
 float64 reference and the Triton path at several GQA ratios, page sizes and lengths.
@@ -29,11 +30,11 @@ from oscar_ray.kernels.reference import decode_attention_reference  # noqa: E402
 from oscar_ray.kernels.synthetic import random_mixed_cache  # noqa: E402
 
 
-def _variant(cfg: tuple[int, ...]) -> tuple[int, int, int | None, bool, int]:
+def _variant(cfg: tuple[int, ...]) -> tuple[int, int, int | None, int, int]:
     """warps:splits[:min_blocks[:shiftless[:pipe]]] with the launcher's defaults filled in."""
     warps, splits, *rest = cfg
     minb = (rest[0] if rest else 0) or None
-    shiftless = bool(rest[1]) if len(rest) > 1 else True
+    shiftless = rest[1] if len(rest) > 1 else 2
     pipe = rest[2] if len(rest) > 2 else decode_cuda.DEFAULT_PIPE
     return warps, splits, minb, shiftless, pipe
 

@@ -64,10 +64,11 @@ def _min_blocks(nt: int, warps: int, pipe: int = 0) -> int:
     return max(1, 8 // warps)
 
 
-def kernel_source(gqa: int, page: int, warps: int, min_blocks: int | None = None, shiftless: bool = True,
+def kernel_source(gqa: int, page: int, warps: int, min_blocks: int | None = None, shiftless: int = 2,
                   code_tok: int = 256, scale_tok: int = 16, pipe: int = 0) -> str:
     """CUDA source of one specialisation (GQA ratio, INT2 page size, warps per CTA, min CTAs per SM,
-    the in-place code masks of code(), the token strides of codes (bytes) and scales (elements))."""
+    the unpack (shiftless 0: a shift per code, 1: bf16 masks in place, 2: and the keys' MMAs in fp16,
+    one shift per key word), the token strides of codes (bytes) and scales (elements))."""
     nt = -(-gqa // 8)
     min_blocks = min_blocks or _min_blocks(nt, warps, pipe)
     return (_SOURCE.replace("__NT__", str(nt)).replace("__G__", str(gqa)).replace("__PAGE__", str(page))
@@ -78,7 +79,7 @@ def kernel_source(gqa: int, page: int, warps: int, min_blocks: int | None = None
 
 
 @functools.lru_cache(maxsize=None)
-def _kernel(gqa: int, page: int, warps: int, min_blocks: int | None, shiftless: bool = True, code_tok: int = 256,
+def _kernel(gqa: int, page: int, warps: int, min_blocks: int | None, shiftless: int = 2, code_tok: int = 256,
             scale_tok: int = 16, pipe: int = 0, device: int | None = None):
     # a CUfunction belongs to the context it was loaded in: one module per device
     with torch.cuda.device(torch.cuda.current_device() if device is None else device):
@@ -152,7 +153,7 @@ class CudaLaunch:
 
 def launch_plan(q: torch.Tensor, kv: PagedKV, geo: KVGeometry, seg: Segments, mid_o: torch.Tensor,
                 mid_lse: torch.Tensor, qk_scale: float, n_splits: int, warps: int = 4, min_blocks: int | None = None,
-                shiftless: bool = True, pipe: int | None = None) -> CudaLaunch:
+                shiftless: int = 2, pipe: int | None = None) -> CudaLaunch:
     """What int2_tier_cuda launches (device-independent: the CPU emulator of tests/unit/kernels runs
     the same plan); raises the ValueErrors int2_tier_cuda documents."""
     b, hq, d = q.shape
@@ -165,6 +166,9 @@ def launch_plan(q: torch.Tensor, kv: PagedKV, geo: KVGeometry, seg: Segments, mi
         raise ValueError("mid_o / mid_lse must be contiguous with at least n_splits rows per head")
     if warps not in (1, 2, 4, 8):
         raise ValueError(f"warps must be 1, 2, 4 or 8, got {warps}")
+    if shiftless not in (0, 1, 2):  # 0: a shift per code; 1: bf16 masks in place; 2: + fp16 keys (1 shift per word)
+        raise ValueError(f"shiftless must be 0, 1 or 2, got {shiftless!r}")
+    shiftless = int(shiftless)
     c, s = kv.k_codes.stride(), kv.k_scales.stride()
     if pipe is None:  # the default ring where it fits in 48 KB (8 warps x 4 steps need 72 KB): else registers
         pipe = DEFAULT_PIPE if warps * DEFAULT_PIPE * STEP_BYTES <= RING_BYTES else 0
@@ -182,7 +186,7 @@ def launch_plan(q: torch.Tensor, kv: PagedKV, geo: KVGeometry, seg: Segments, mi
 
 def int2_tier_cuda(q: torch.Tensor, kv: PagedKV, geo: KVGeometry, seg: Segments, mid_o: torch.Tensor,
                    mid_lse: torch.Tensor, qk_scale: float, n_splits: int, warps: int = 4, min_blocks: int | None = None,
-                   shiftless: bool = True, pipe: int | None = None) -> None:
+                   shiftless: int = 2, pipe: int | None = None) -> None:
     """Partials of the INT2 tier into rows [0, n_splits) of mid_o [B, Hq, total, 128] / mid_lse.
 
     q [B, Hq, 128] in the rotated K basis (any float dtype; read as fp32); geo = kv.geometry(), as

@@ -24,6 +24,18 @@ typedef unsigned int u32;
 template <u32 M> __device__ __forceinline__ u32 lopm(u32 x) {  // (x & M) | bf16(128) in both lanes
     u32 r; asm("lop3.b32 %0, %1, %2, 0x43004300, 0xEA;" : "=r"(r) : "r"(x), "n"(M)); return r;
 }
+template <u32 M> __device__ __forceinline__ u32 lopm16(u32 x) {  // (x & M) | fp16(1024) in both lanes
+    u32 r; asm("lop3.b32 %0, %1, %2, 0x64006400, 0xEA;" : "=r"(r) : "r"(x), "n"(M)); return r;
+}
+__device__ __forceinline__ u32 pack_f16(float lo, float hi) {
+    u32 r; asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo)); return r;
+}
+__device__ __forceinline__ void mma16(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
 __device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 sel) {
     u32 r; asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel)); return r;
 }
@@ -83,6 +95,48 @@ __device__ __forceinline__ float code_scale(int kk) {  // 1 / 4^kk of code(): wh
     return 1.0f;
 #endif
 }
+// Key codes.  KF16 (SHIFTLESS 2): the K side's MMAs take fp16, whose 10 mantissa bits hold a half's
+// byte 0 and the low code of byte 1 in place: (x & 3·4^k) | fp16(1024) = 1024 + 4^k·c (exact, <= 1792),
+// and y = x >> 10 brings byte 1's codes 1..3 down, so 1 shift per code word instead of 3 (16 SHF of a
+// step's ~440 instructions).  Values keep the bf16 path (the +1024 would sit in acc across a split's
+// tokens; per score it is a fresh 128-term sum).  kcode(x, y, bs, kk): code kk of bytes 0, 2 (bs 0) or
+// 1, 3 (bs 1) of x; kscale: 1 / the factor it carries, applied to q.
+#define KF16 (SHIFTLESS == 2)
+__device__ __forceinline__ u32 kcode(u32 x, u32 y, int bs, int kk) {
+#if KF16
+    if (bs == 0) {
+        if (kk == 0) return lopm16<0x00030003u>(x);
+        if (kk == 1) return lopm16<0x000C000Cu>(x);
+        if (kk == 2) return lopm16<0x00300030u>(x);
+        return lopm16<0x00C000C0u>(x);
+    }
+    if (kk == 0) return lopm16<0x03000300u>(x);
+    if (kk == 1) return lopm16<0x00030003u>(y);
+    if (kk == 2) return lopm16<0x000C000Cu>(y);
+    return lopm16<0x00300030u>(y);
+#else
+    return code(bs ? x >> 8 : x, kk);
+#endif
+}
+__device__ __forceinline__ float kscale(int bs, int kk) {
+#if KF16
+    if (bs == 0) return kk == 0 ? 1.0f : (kk == 1 ? 0.25f : (kk == 2 ? 0.0625f : 0.015625f));
+    return kk == 0 ? 0.00390625f : (kk == 1 ? 1.0f : (kk == 2 ? 0.25f : 0.0625f));
+#else
+    return code_scale(kk);
+#endif
+}
+#if KF16
+#define K_OFFSET 1024.0f
+__device__ __forceinline__ u32 kpack(float lo, float hi) { return pack_f16(lo, hi); }
+__device__ __forceinline__ float2 kunpack(u32 x) { return halves(x); }
+#define KMMA mma16
+#else
+#define K_OFFSET 128.0f
+__device__ __forceinline__ u32 kpack(float lo, float hi) { return pack_bf16(lo, hi); }
+__device__ __forceinline__ float2 kunpack(u32 x) { return make_float2(bf16_lo(x), bf16_hi(x)); }
+#define KMMA mma
+#endif
 
 struct Tile {  // one 16-token tile's bytes as this thread's fragments need them
     uint2 k_lo, k_hi;  // K codes of tokens g, g + 8: bytes 8t .. 8t + 7
@@ -152,9 +206,9 @@ oscar_int2_decode_d128(const float* __restrict__ q, const unsigned char* __restr
     const unsigned short* ksq = ks + (long long)kh * s_head + g * S_TOK;
     const unsigned short* vsq = vs + (long long)kh * s_head + g * S_TOK;
 
-    // q^T fragments (B operand) in the K permutation, pre-scaled and rounded to bf16 once
-    // qsum: Σq of the rounded q; qsum2: Σ of the fragments' values (q / 4^kk when SHIFTLESS), whose
-    // 128·qsum2 is the offset the MMA adds
+    // q^T fragments (B operand) in the K permutation, pre-scaled and rounded (bf16, fp16 when KF16) once
+    // qsum2: Σ of the fragments' values (q / the code's factor), whose K_OFFSET·qsum2 is the offset
+    // the MMA adds; qsum: Σ of fragment × factor, the q the MMA's c-term sees (exact powers of two)
     u32 qf[NT][8][2];
     float qsum[NT][2], qsum2[NT][2];
 #pragma unroll
@@ -166,14 +220,14 @@ oscar_int2_decode_d128(const float* __restrict__ q, const unsigned char* __restr
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
             const int base = 8 * t + 4 * (j >> 2) + 32 * (j & 3);
-            const float f = code_scale(j & 3);
-            const u32 r0 = pack_bf16(qrow[base] * on, qrow[base + 2] * on);
-            const u32 r1 = pack_bf16(qrow[base + 1] * on, qrow[base + 3] * on);
-            const float x = bf16_lo(r0) + bf16_hi(r0) + bf16_lo(r1) + bf16_hi(r1);
-            part += x;
-            part2 += x * f;  // exact scaling by a power of two
-            qf[nt][j][0] = pack_bf16(bf16_lo(r0) * f, bf16_hi(r0) * f);
-            qf[nt][j][1] = pack_bf16(bf16_lo(r1) * f, bf16_hi(r1) * f);
+            const float f0 = kscale(0, j & 3), f1 = kscale(1, j & 3);  // b0 pairs with bytes 0, 2; b1 with 1, 3
+            const float2 r0 = kunpack(kpack(qrow[base] * on, qrow[base + 2] * on));
+            const float2 r1 = kunpack(kpack(qrow[base + 1] * on, qrow[base + 3] * on));
+            qf[nt][j][0] = kpack(r0.x * f0, r0.y * f0);
+            qf[nt][j][1] = kpack(r1.x * f1, r1.y * f1);
+            const float2 e0 = kunpack(qf[nt][j][0]), e1 = kunpack(qf[nt][j][1]);
+            part2 += (e0.x + e0.y) + (e1.x + e1.y);
+            part += (e0.x + e0.y) / f0 + (e1.x + e1.y) / f1;
         }
         part += __shfl_xor_sync(FULL, part, 1);
         part += __shfl_xor_sync(FULL, part, 2);  // Σq of head 8nt + g, in every lane of group g
@@ -186,15 +240,15 @@ oscar_int2_decode_d128(const float* __restrict__ q, const unsigned char* __restr
     }
 
     float acc[8][NT][4];
-    float m[NT][2], mr[NT][2], q128[NT][2], l[NT][2], lr[NT][2], zs[NT][2];  // lr = Σ P' (rounded), zs = Σ P'·z_V
+    float m[NT][2], mr[NT][2], qoff[NT][2], l[NT][2], lr[NT][2], zs[NT][2];  // lr = Σ P' (rounded), zs = Σ P'·z_V
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
         for (int i = 0; i < 8; ++i) acc[i][nt][0] = acc[i][nt][1] = acc[i][nt][2] = acc[i][nt][3] = 0.0f;
         m[nt][0] = m[nt][1] = NEG_INF;
         mr[nt][0] = mr[nt][1] = 0.0f;
-        q128[nt][0] = 128.0f * qsum2[nt][0];  // the MMA's offset of the +128 codes
-        q128[nt][1] = 128.0f * qsum2[nt][1];
+        qoff[nt][0] = K_OFFSET * qsum2[nt][0];  // the MMA's offset of the +K_OFFSET codes
+        qoff[nt][1] = K_OFFSET * qsum2[nt][1];
         l[nt][0] = l[nt][1] = lr[nt][0] = lr[nt][1] = zs[nt][0] = zs[nt][1] = 0.0f;
     }
 
@@ -215,12 +269,13 @@ oscar_int2_decode_d128(const float* __restrict__ q, const unsigned char* __restr
             for (int w = 0; w < 2; ++w) {
                 const u32 wl = w ? T[mt].k_lo.y : T[mt].k_lo.x;
                 const u32 wh = w ? T[mt].k_hi.y : T[mt].k_hi.x;
+                const u32 yl = KF16 ? wl >> 10 : 0u, yh = KF16 ? wh >> 10 : 0u;
 #pragma unroll
                 for (int kk = 0; kk < 4; ++kk) {
-                    const u32 a0 = code(wl, kk), a2 = code(wl >> 8, kk);
-                    const u32 a1 = code(wh, kk), a3 = code(wh >> 8, kk);
+                    const u32 a0 = kcode(wl, yl, 0, kk), a2 = kcode(wl, yl, 1, kk);
+                    const u32 a1 = kcode(wh, yh, 0, kk), a3 = kcode(wh, yh, 1, kk);
 #pragma unroll
-                    for (int nt = 0; nt < NT; ++nt) mma(s[mt][nt], a0, a1, a2, a3, qf[nt][4 * w + kk][0], qf[nt][4 * w + kk][1]);
+                    for (int nt = 0; nt < NT; ++nt) KMMA(s[mt][nt], a0, a1, a2, a3, qf[nt][4 * w + kk][0], qf[nt][4 * w + kk][1]);
                 }
             }
             const int tok = n0 + 16 * mt + g;
@@ -236,7 +291,7 @@ oscar_int2_decode_d128(const float* __restrict__ q, const unsigned char* __restr
 #pragma unroll
                     for (int hh = 0; hh < 2; ++hh) {
                         // u = score - mr, log2 units: the reference folded into the fixup's FFMA
-                        const float e = fmaf(kz.y, qsum[nt][hh], q128[nt][hh]);
+                        const float e = fmaf(kz.y, qsum[nt][hh], qoff[nt][hh]);
                         const float u = fmaf(kz.x, s[mt][nt][2 * r + hh] - e, -mr[nt][hh]);
                         s[mt][nt][2 * r + hh] = ok ? u : NEG_INF;
                     }

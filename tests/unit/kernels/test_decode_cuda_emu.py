@@ -60,7 +60,7 @@ def test_cuda_tier_matches_reference(cuda_tier, seed, g, page):
         assert_close_verbose(out, ref, *BF16_TOL, what=f"g={g} page={page} splits={splits}")
 
 
-@pytest.mark.parametrize("opts", [{"warps": 1}, {"warps": 2}, {"warps": 8}, {"shiftless": False},
+@pytest.mark.parametrize("opts", [{"warps": 1}, {"warps": 2}, {"warps": 8}, {"shiftless": 0}, {"shiftless": 1},
                                   {"pipe": 0}, {"pipe": 0, "warps": 2}, {"pipe": 4}, {"pipe": 5, "warps": 2}])
 def test_cuda_tier_launcher_options(cuda_tier, seed, opts):
     kv, seg, q = _cache(4, 16, [600, 33, 0], [70, 0, 9], seed)

@@ -12,13 +12,14 @@
 // ~6 register pushes on x86-64 (emu_switch below; glibc's swapcontext makes a sigprocmask system
 // call per switch, ~10x slower: a CTA does ~8000 switches), ucontext elsewhere.
 //
-// The fragment maps are PTX ISA 8.x's: mma.m16n8k16 .bf16 row.col, A a0..a3 = (row g, cols 2t..),
+// The fragment maps are PTX ISA 8.x's: mma.m16n8k16 .bf16 and .f16 row.col, A a0..a3 = (row g, cols 2t..),
 // (g + 8, 2t..), (g, 2t + 8..), (g + 8, 2t + 8..); B b0, b1 = (rows 2t, 2t + 1 | 2t + 8, 2t + 9,
 // col g); C c0..c3 = (g, 2t), (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1); movmatrix.trans: lane
 // (g, t) gets row g, cols 2t, 2t + 1 of the 8x8 transpose.  cp.async copies land when the thread
 // waits for their group (EMU_CP_EARLY=0, the latest legal time: a read before the wait sees stale
 // bytes) or at issue (EMU_CP_EARLY=1, the earliest: a slot refilled while a lane still reads it
-// shows).  Arithmetic: products exact, fp32 sums in k order, exp2f for ex2.approx (ftz), RNE bf16.
+// shows).  Arithmetic: products exact, fp32 sums in k order, exp2f for ex2.approx (ftz), RNE bf16
+// and fp16 (subnormals kept).
 #pragma once
 #include <ucontext.h>
 
@@ -199,6 +200,16 @@ inline float half_to_float(uint16_t h) {
     else v = __uint_as_float(((e + 112u) << 23) | (m << 13));
     return s ? -v : v;
 }
+inline uint16_t f16_rne(float f) {  // cvt.rn.f16: round to nearest even, subnormals kept, inf past 65504
+    const uint16_t sign = uint16_t((__float_as_uint(f) >> 16) & 0x8000u);
+    const float a = std::fabs(f);
+    if (std::isnan(f)) return uint16_t(sign | 0x7e00u);
+    if (a >= 65520.0f) return uint16_t(sign | 0x7c00u);
+    if (a < 6.103515625e-05f) return uint16_t(sign | uint16_t(std::nearbyint(a * 16777216.0f)));  // 2^-24 units
+    const u32 x = __float_as_uint(a);
+    return uint16_t(sign | uint16_t(((x + 0xfffu + ((x >> 13) & 1u)) >> 13) - (112u << 10)));
+}
+inline float f16_at(u32 w, int half) { return half_to_float(uint16_t(half ? w >> 16 : w & 0xffffu)); }
 inline void copy_group(const std::vector<Copy>& g) {
     for (const Copy& c : g) std::memcpy(c.dst, c.src, c.n);
 }
@@ -247,6 +258,7 @@ inline int __any_sync(u32, int pred) {
 
 // --- the primitives of int2_decode.cu's OSCAR_CPU_EMU block ---------------------------------------
 template <u32 M> inline u32 lopm(u32 x) { return (x & M) | 0x43004300u; }  // lop3 0xEA: (a & b) | c
+template <u32 M> inline u32 lopm16(u32 x) { return (x & M) | 0x64006400u; }
 inline u32 prmt(u32 a, u32 b, u32 sel) {
     unsigned char bytes[8];
     std::memcpy(bytes, &a, 4);
@@ -261,6 +273,7 @@ inline u32 prmt(u32 a, u32 b, u32 sel) {
     return r;
 }
 inline u32 pack_bf16(float lo, float hi) { return u32(emu::bf16_rne(lo)) | (u32(emu::bf16_rne(hi)) << 16); }
+inline u32 pack_f16(float lo, float hi) { return u32(emu::f16_rne(lo)) | (u32(emu::f16_rne(hi)) << 16); }
 inline u32 trans8(u32 x) {
     u32 r = 0;
     emu::collective({x}, [&](emu::WarpX& w) {
@@ -274,11 +287,12 @@ inline u32 trans8(u32 x) {
     });
     return r;
 }
-inline void mma(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+template <float (*AT)(u32, int)>
+inline void mma_any(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
     emu::collective({a0, a1, a2, a3, b0, b1}, [&](emu::WarpX& w) {
         const int g = emu::lane() >> 2, t = emu::lane() & 3;
-        auto A = [&](int r, int k) { return emu::bf16_at(w.op[(r & 7) * 4 + ((k & 7) >> 1)][(r >= 8) + 2 * (k >= 8)], k & 1); };
-        auto B = [&](int k, int n) { return emu::bf16_at(w.op[n * 4 + ((k & 7) >> 1)][4 + (k >= 8)], k & 1); };
+        auto A = [&](int r, int k) { return AT(w.op[(r & 7) * 4 + ((k & 7) >> 1)][(r >= 8) + 2 * (k >= 8)], k & 1); };
+        auto B = [&](int k, int n) { return AT(w.op[n * 4 + ((k & 7) >> 1)][4 + (k >= 8)], k & 1); };
         for (int i = 0; i < 4; ++i) {
             const int row = g + 8 * (i >> 1), col = 2 * t + (i & 1);
             float s = 0.0f;
@@ -287,6 +301,8 @@ inline void mma(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
         }
     });
 }
+inline void mma(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) { mma_any<emu::bf16_at>(c, a0, a1, a2, a3, b0, b1); }
+inline void mma16(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) { mma_any<emu::f16_at>(c, a0, a1, a2, a3, b0, b1); }
 inline float ex2(float x) {
     const float r = std::exp2(x);
     return std::fabs(r) < FLT_MIN ? 0.0f : r;  // .ftz
