@@ -73,32 +73,32 @@ def check(seed: int) -> list[list[str]]:
 def sweep(batch: int, ctx: int, configs, args) -> list[list[str]]:
     n2 = ctx - SINK - RECENT
     nbytes = batch * (n2 * HKV * (D // 4 + 4) * 2 + (SINK + RECENT) * HKV * D * 4) + 2 * batch * HQ * D * 4
-    kv, seg = random_mixed_cache([n2] * batch, [SINK + RECENT] * batch, HKV, D, scale_dtype=torch.float16,
-                                 device="cuda")
     q = torch.randn(batch, HQ, D, device="cuda")
-
-    def caches(n):
-        return _cache_copies(kv, seg, n)
-
     rows = []
+    for layout in args.scale_layouts:  # token: (s, z) [page, token, head]; head: stored [page, head, token]
+        kv, seg = random_mixed_cache([n2] * batch, [SINK + RECENT] * batch, HKV, D, scale_dtype=torch.float16,
+                                     device="cuda", head_major_scales=layout == "head")
+        tag = "" if layout == "token" else " [head-major scales]"
 
-    def run(name, **kw):
-        try:
-            t = time_calls(lambda n: [lambda c=c: int2_decode_attention(q, c[0], c[1], max_int2_len=n2, **kw)
-                                      for c in caches(n)], nbytes, args)
-            rows.append([str(batch), str(ctx), name, _fmt(t), f"{nbytes / t[1] / 1e3:.0f}", t[1]])
-        except Exception as e:  # a config that fails to compile or launch is reported, not fatal
-            rows.append([str(batch), str(ctx), name, f"failed: {type(e).__name__}: {e}"[:120], "", float("nan")])
-        print(rows[-1], flush=True)
+        def run(name, **kw):
+            try:
+                t = time_calls(lambda n: [lambda c=c: int2_decode_attention(q, c[0], c[1], max_int2_len=n2, **kw)
+                                          for c in _cache_copies(kv, seg, n)], nbytes, args)
+                rows.append([str(batch), str(ctx), name + tag, _fmt(t), f"{nbytes / t[1] / 1e3:.0f}", t[1]])
+            except Exception as e:  # a config that fails to compile or launch is reported, not fatal
+                rows.append([str(batch), str(ctx), name + tag, f"failed: {type(e).__name__}: {e}"[:120], "",
+                             float("nan")])
+            print(rows[-1], flush=True)
 
-    run("triton", int2_kernel="triton")
-    original = dec.int2_tier_cuda
-    for warps, splits, minb, shiftless, pipe in map(_variant, configs):
-        dec.int2_tier_cuda = partial(original, warps=warps, min_blocks=minb, shiftless=shiftless, pipe=pipe)
-        s = splits or decode_cuda.default_cuda_splits(batch, HKV, n2, warps)
-        run(f"cuda {warps}:{s}:{minb or 'default'}:{int(shiftless)}:{pipe}", int2_kernel="cuda", num_splits=s)
-    dec.int2_tier_cuda = original
-    del kv, seg
+        if not args.no_triton:
+            run("triton", int2_kernel="triton")
+        original = dec.int2_tier_cuda
+        for warps, splits, minb, shiftless, pipe in map(_variant, configs):
+            dec.int2_tier_cuda = partial(original, warps=warps, min_blocks=minb, shiftless=shiftless, pipe=pipe)
+            s = splits or decode_cuda.default_cuda_splits(batch, HKV, n2, warps)
+            run(f"cuda {warps}:{s}:{minb or 'default'}:{int(shiftless)}:{pipe}", int2_kernel="cuda", num_splits=s)
+        dec.int2_tier_cuda = original
+        del kv, seg
     kb, vb = (torch.randn(batch, HKV, ctx, D, device="cuda", dtype=torch.bfloat16) for _ in "kv")
     qb = q.to(torch.bfloat16).unsqueeze(2)
     backend, sdpa = _sdpa_decode(qb, kb, vb)
@@ -120,6 +120,9 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--skip-check", action="store_true")
+    p.add_argument("--no-triton", action="store_true", help="skip the Triton stage-1 rows")
+    p.add_argument("--scale-layouts", nargs="+", choices=["token", "head"], default=["token"],
+                   help="(s, z) memory order of the timed caches: token-major (the cache's) and/or head-major")
     p.add_argument("--pipe", type=int, default=None, help="set decode_cuda.DEFAULT_PIPE (the check and default configs)")
     args = p.parse_args()
     args.smoke = False

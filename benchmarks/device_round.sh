@@ -23,15 +23,26 @@ step() {  # step NAME SECONDS CMD...: stdout+stderr to $OUT/NAME.log, exit statu
   timeout "$secs" "$@" > "$OUT/$name.log" 2>&1
   echo "$name rc=$? ${secs}s limit, $((SECONDS - t0))s" | tee -a "$OUT/round.txt"
 }
+# ROUND_STEPS picks the steps (default: the first call's four; "sweep" for the second call's)
+STEPS=" ${ROUND_STEPS:-tests append decode ncu} "
+has() { [[ "$STEPS" == *" $1 "* ]]; }
 # 1. correctness on the hardware (~80-130 s)
-step tests_gpu 220 python3 -m pytest -q tests/gpu --durations=15
+has tests && step tests_gpu 220 python3 -m pytest -q tests/gpu --durations=15
 # 2. what the step's new-row write costs inside the attention launch, by form (~60-100 s)
-step append_cost 130 python3 benchmarks/append_cost.py --out "$OUT/append.md"
+has append && step append_cost 130 python3 benchmarks/append_cost.py --out "$OUT/append.md"
 # 3. the decode table (no extend) at the default cp.async ring, writes included (~95-150 s)
-step decode_pipe4 170 python3 benchmarks/decode_attention.py --cuda-pipe 4 --extend-contexts --peak-gbs "$PEAK" --out "$OUT/decode_pipe4.md"
+has decode && step decode_pipe4 170 python3 benchmarks/decode_attention.py --cuda-pipe 4 --extend-contexts --peak-gbs "$PEAK" --out "$OUT/decode_pipe4.md"
 # 4. the ring's issue rate and stalls at bs 8 x 128K (16 splits: the pipe-4 default), if ncu is there
-if command -v ncu > /dev/null; then
+if has ncu && command -v ncu > /dev/null; then
   step ncu_ring 60 ncu -k regex:oscar_int2 --clock-control none --section SpeedOfLight --section Occupancy \
     --section SchedulerStats --section WarpStateStats --section MemoryWorkloadAnalysis \
     python3 benchmarks/ncu_decode.py 8 131072 128 4 3 16
 fi
+# 5. A/B of the INT2 tier in one run: fp16 keys (2) vs bf16 (1), 4 vs 5 CTAs per SM, 2-warp CTAs, and
+#    the (s, z) pairs stored head-major (one KV head's pairs of a page adjacent: 1 sector per 8 tokens
+#    instead of 8) against the cache's token-major order (~250-400 s)
+#    (SWEEP_LIMIT / SWEEP_CONFIGS / SWEEP_SHAPES narrow it to fit beside other steps)
+has sweep && step cuda_sweep "${SWEEP_LIMIT:-420}" python3 benchmarks/decode_cuda_sweep.py --no-triton --skip-check \
+  --scale-layouts token head --configs ${SWEEP_CONFIGS:-4:0:0:2:4 4:0:0:1:4 4:0:5:2:4 2:0:10:2:4} \
+  --shapes ${SWEEP_SHAPES:-8x131072 8x65536 1x16384 32x131072} --out "$OUT/cuda.md"
+exit 0

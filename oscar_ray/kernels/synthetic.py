@@ -33,11 +33,15 @@ def random_scales(shape: tuple[int, ...], n_groups: int, dtype: torch.dtype, dev
 def random_mixed_cache(int2_lens: Sequence[int], bf16_lens: Sequence[int], n_kv_heads: int, head_dim: int, *,
                        int2_page_size: int = 8, bf16_page_size: int = 8, group_size: int | None = None,
                        scale_dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
-                       spare_pages: int = 3, seed: int | None = None, key_bits: int = 2) -> tuple[PagedKV, Segments]:
+                       spare_pages: int = 3, seed: int | None = None, key_bits: int = 2,
+                       head_major_scales: bool = False) -> tuple[PagedKV, Segments]:
     """A PagedKV + Segments holding random codes, scales and bf16 rows for requests of the given lengths.
 
     Pages are shuffled across requests and `spare_pages` extra pages per tier stay unused, so a kernel
     that mixes up page ids or reads past a request's tokens produces a wrong answer.
+    head_major_scales: the (s, z) tensors keep their logical [page, token, kv_head, 2·G] shape but are
+    stored head-major ([page, kv_head, token, 2·G] in memory), so one KV head's pairs of a page are
+    adjacent (the kernels read them through strides).
     Example: kv, seg = random_mixed_cache([100, 0], [320, 5], n_kv_heads=2, head_dim=64)
     """
     gen = None if seed is None else torch.Generator().manual_seed(seed)
@@ -58,8 +62,11 @@ def random_mixed_cache(int2_lens: Sequence[int], bf16_lens: Sequence[int], n_kv_
             return (torch.randn(bf16_shape, device=device) * 0.5).to(torch.bfloat16)
         return (torch.randn(bf16_shape, generator=gen) * 0.5).to(torch.bfloat16)
 
-    kv = PagedKV(codes(key_bits).to(device), random_scales(code_shape[:3], n_groups, scale_dtype, device, gen),
-                 codes().to(device), random_scales(code_shape[:3], n_groups, scale_dtype, device, gen),
+    def scales():
+        x = random_scales(code_shape[:3], n_groups, scale_dtype, device, gen)
+        return x.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3) if head_major_scales else x
+
+    kv = PagedKV(codes(key_bits).to(device), scales(), codes().to(device), scales(),
                  rows().to(device), rows().to(device), group_size, key_bits)
     seg = Segments(_table(int2_lens, int2_page_size, n2, device, gen),
                    torch.tensor(list(int2_lens), dtype=torch.int32, device=device),

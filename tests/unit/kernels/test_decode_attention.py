@@ -34,10 +34,12 @@ def test_decode_matches_reference(seed, d, g):
     assert_close_verbose(out, decode_attention_reference(q, kv, seg), atol, rtol, f"d={d} g={g}")
 
 
-@pytest.mark.parametrize("group_size, scale_dtype", [(None, torch.float16), (32, torch.float32), (16, torch.float16)])
-def test_decode_groups_and_scale_dtypes(seed, group_size, scale_dtype):
+@pytest.mark.parametrize("group_size, scale_dtype, head_major", [(None, torch.float16, False), (32, torch.float32, False),
+                                                                (16, torch.float16, False), (None, torch.float16, True),
+                                                                (16, torch.float32, True)])
+def test_decode_groups_and_scale_dtypes(seed, group_size, scale_dtype, head_major):
     kv, seg = random_mixed_cache([50, 9], [3, 20], 2, 64, group_size=group_size, scale_dtype=scale_dtype,
-                                 bf16_page_size=16, seed=seed)
+                                 bf16_page_size=16, seed=seed, head_major_scales=head_major)
     q = torch.randn(2, 8, 64)
     out = int2_decode_attention(q, kv, seg, num_splits=2, block_n=32, precision="ieee")
     assert_close_verbose(out, decode_attention_reference(q, kv, seg), *TOLERANCES["ieee"], what=str(group_size))
@@ -191,16 +193,18 @@ def test_cuda_tier_eligibility_names_what_is_missing(monkeypatch):
     assert "sm_80" in why(scale_dtype=torch.float16)
 
 
-@pytest.mark.parametrize("scale_dtype, key_bits, per_head", [(torch.float16, 2, False), (torch.float32, 2, True),
-                                                             (torch.float16, 3, True)])
-def test_fused_rotate_and_int2_append_equals_the_write_kernels(seed, scale_dtype, key_bits, per_head):
+@pytest.mark.parametrize("scale_dtype, key_bits, per_head, head_major", [
+    (torch.float16, 2, False, False), (torch.float32, 2, True, False), (torch.float16, 3, True, False),
+    (torch.float16, 2, True, True)])
+def test_fused_rotate_and_int2_append_equals_the_write_kernels(seed, scale_dtype, key_bits, per_head, head_major):
     # rotate_append + append_int2: the decode launch rotates the step's rows, stores them BF16 and
     # INT2 (the sglang pool's every-token copy), then attends: pages bit-equal to int2_write_kv +
     # bf16_write_kv of the same rows and output equal to the plain launch on those pages.  Dyadic
     # rows and rotations keep x·R exact in any summation order, so the codes can be compared with ==
     int2, bf16 = [40, 0, 77, 16], [13, 1, 9, 0]  # request 3: INT2 copy only (no BF16-tier slot)
     b, hkv, d = len(int2), 2, 64
-    kv, seg = random_mixed_cache(int2, bf16, hkv, d, scale_dtype=scale_dtype, key_bits=key_bits, seed=seed)
+    kv, seg = random_mixed_cache(int2, bf16, hkv, d, scale_dtype=scale_dtype, key_bits=key_bits, seed=seed,
+                                 head_major_scales=head_major)
     shape = (hkv, d, d) if per_head else (d, d)
     r_k, r_v = (torch.randint(-4, 5, shape).float() / 4 for _ in "kv")
     k_new, v_new = (torch.randint(-32, 33, (b, hkv, d)).float() / 8 for _ in "kv")

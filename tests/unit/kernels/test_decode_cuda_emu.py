@@ -40,9 +40,10 @@ def cuda_tier(monkeypatch):
     return options
 
 
-def _cache(g, page, int2, bf16, seed):
+def _cache(g, page, int2, bf16, seed, head_major_scales=False):
     hkv = 2 if g < 8 else 1
-    kv, seg = random_mixed_cache(int2, bf16, hkv, D, int2_page_size=page, scale_dtype=torch.float16, seed=seed)
+    kv, seg = random_mixed_cache(int2, bf16, hkv, D, int2_page_size=page, scale_dtype=torch.float16, seed=seed,
+                                 head_major_scales=head_major_scales)
     return kv, seg, torch.randn(len(int2), hkv * g, D)
 
 
@@ -58,6 +59,16 @@ def test_cuda_tier_matches_reference(cuda_tier, seed, g, page):
     for splits in (None, 7) if g != 4 else (None, 1, 7, 200):  # 200: CTAs and warps without tokens
         out = int2_decode_attention(q, kv, seg, num_splits=splits, bf16_splits=2)
         assert_close_verbose(out, ref, *BF16_TOL, what=f"g={g} page={page} splits={splits}")
+
+
+@pytest.mark.parametrize("g, page, pipe", [(4, 8, None), (4, 64, None), (3, 16, 0)])
+def test_cuda_tier_head_major_scales(cuda_tier, seed, g, page, pipe):
+    # (s, z) stored [page, kv_head, token, 2]: the kernel takes the scales' token and head strides
+    kv, seg, q = _cache(g, page, INT2, BF16, seed, head_major_scales=True)
+    assert kv.k_scales.stride(1) == 2 and not kv.k_scales.is_contiguous()
+    cuda_tier.update(pipe=pipe)
+    out = int2_decode_attention(q, kv, seg, num_splits=3, bf16_splits=2)
+    assert_close_verbose(out, decode_attention_reference(q, kv, seg), *BF16_TOL, what=f"page {page} pipe {pipe}")
 
 
 @pytest.mark.parametrize("opts", [{"warps": 1}, {"warps": 2}, {"warps": 8}, {"shiftless": 0}, {"shiftless": 1},

@@ -47,9 +47,11 @@ def _slots(n, n_pages, consecutive_from=None):
     return (flat // PAGE).int(), (flat % PAGE).int(), flat
 
 
-def _pages(n_pages, h, d, groups, scale_dtype, bits=2):
+def _pages(n_pages, h, d, groups, scale_dtype, bits=2, head_major=False):
     codes = torch.full((n_pages, PAGE, h, d * bits // 8), SENTINEL, dtype=torch.uint8)
     scales = torch.full((n_pages, PAGE, h, 2 * groups), -7.0, dtype=scale_dtype)
+    if head_major:  # same logical [page, token, head, 2G], stored [page, head, token, 2G]
+        scales = scales.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3)
     return codes, scales
 
 
@@ -248,3 +250,27 @@ def test_write_argument_errors():
         int2_write(x, None, 0.0, pid, pid, codes, scales, bits=3)
     with pytest.raises(ValueError, match="bits"):
         int2_write(x, None, 0.0, pid, pid, codes, scales, bits=4)
+
+
+@pytest.mark.parametrize("two_pass", [False, True])
+def test_head_major_scales_write_and_demote(seed, two_pass):
+    # the writers address (s, z) through its strides: a head-major store gets the same logical values
+    h, d, n_pages, n = 3, 64, 10, 29
+    k, v = _special_rows(_dyadic(n, h, d)), _dyadic(n, h, d)
+    rk = _rotation("per_head", h, d)
+    pid, off, flat = _slots(n, n_pages)
+    kc, ks = _pages(n_pages, h, d, 1, torch.float16, head_major=True)
+    vc, vs = _pages(n_pages, h, d, 1, torch.float16, head_major=True)
+    assert ks.stride()[1:3] == (2, 2 * PAGE)
+    int2_write_kv(k, v, rk, None, 0.9, 0.5, pid, off, kc, ks, vc, vs, two_pass=two_pass)
+    _check_written(kc, ks, flat, *int2_write_reference(k, rk, 0.9, None, torch.float16))
+    _check_written(vc, vs, flat, *int2_write_reference(v, None, 0.5, None, torch.float16))
+    kp, vp = ((torch.randn(6, PAGE, h, d) * 2).to(torch.bfloat16) for _ in "kv")
+    src, dst = torch.tensor([4, 0], dtype=torch.int32), torch.tensor([1, 7], dtype=torch.int32)
+    kc, ks = _pages(9, h, d, 1, torch.float16, head_major=True)
+    vc, vs = _pages(9, h, d, 1, torch.float16, head_major=True)
+    demote_pages_kv(kp, vp, src, dst, kc, ks, vc, vs, 0.96, 0.0)
+    flat = (dst.long()[:, None] * PAGE + torch.arange(PAGE)).flatten()
+    for pages, c, sc, clip in ((kp, kc, ks, 0.96), (vp, vc, vs, 0.0)):
+        _check_written(c, sc, flat, *int2_write_reference(pages[src.long()].flatten(0, 1), None, clip, None,
+                                                          torch.float16))
