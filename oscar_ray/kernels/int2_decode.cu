@@ -397,10 +397,16 @@ oscar_int2_decode_d128(const float* __restrict__ q, const unsigned char* __restr
     const unsigned char* vr = vc + (long long)kh * c_head;
     const unsigned short* ksr = ks + (long long)kh * s_head;
     const unsigned short* vsr = vs + (long long)kh * s_head;
-    auto issue = [&](const int i) {  // step i of this warp -> slot i % PIPE
+    // the page id of a lane's token in step i: a dependent global load in front of the step's copies.
+    // Loaded one step before the copies that use it, so its latency hides behind a step of compute
+    // instead of stalling the warp (in-order issue) at every refill.
+    auto page_of = [&](const int i) {
+        const int n = start + warp * 32 + i * stride + lane;
+        return n < end ? trow[n / PAGE] : 0;
+    };
+    auto issue = [&](const int i, const int pg) {  // step i of this warp -> slot i % PIPE
         const int n = start + warp * 32 + i * stride + lane;
         const bool on = n < end;
-        const int pg = on ? trow[n / PAGE] : 0;
         const int o = n % PAGE;
         unsigned char* slot = ring + (i % PIPE) * STEP_BYTES;
         const unsigned char* kg = kr + (long long)pg * c_page + o * C_TOK;
@@ -415,7 +421,8 @@ oscar_int2_decode_d128(const float* __restrict__ q, const unsigned char* __restr
     };
     const int steps = (end - (start + warp * 32) + stride - 1) / stride;  // may be <= 0
 #pragma unroll
-    for (int i = 0; i < PIPE - 1; ++i) issue(i);
+    for (int i = 0; i < PIPE - 1; ++i) issue(i, page_of(i));
+    int pg_next = page_of(PIPE - 1);
     for (int i = 0; i < steps; ++i) {
         cp_wait<PIPE - 2>();
         __syncwarp();
@@ -432,7 +439,8 @@ oscar_int2_decode_d128(const float* __restrict__ q, const unsigned char* __restr
             T[mt].vsz[1] = *(const u32*)(slot + 2176 + (r0 + g + 8) * 4);
         }
         __syncwarp();  // every lane is done with slot (i - 1) % PIPE (step i - 1) before it is refilled
-        issue(i + PIPE - 1);
+        issue(i + PIPE - 1, pg_next);
+        pg_next = page_of(i + PIPE);
         const int n0 = start + warp * 32 + i * stride;
         if (n0 + 32 <= end) process(T, n0, slot, false);
         else process(T, n0, slot, true);
