@@ -2,9 +2,9 @@
 
     PYTHONPATH=. python3 benchmarks/decode_cuda_sweep.py --out cuda.md [--configs 4:0 8:0 4:24 ...]
 
-A config is warps:splits[:min_blocks[:shiftless[:pipe]]] (splits 0: default_cuda_splits; min_blocks absent
+A config is warps:splits[:min_blocks[:shiftless[:pipe[:half_rows]]]] (splits 0: default_cuda_splits; min_blocks absent
 or 0: the launcher's; shiftless 0: the shift-per-code unpack, 1: bf16 masks in place, 2 (default): and fp16
-keys; pipe P >= 3: cp.async ring of P steps).  Per shape it times, in one call and with CUDA graphs over cold-L2 copies (as
+keys; pipe P >= 3: cp.async ring of P steps; half_rows 1: the ring's copies read whole sectors, two lanes per token).  Per shape it times, in one call and with CUDA graphs over cold-L2 copies (as
 benchmarks/decode_attention.py): the Triton stage 1 (int2_kernel="triton", launcher defaults), each
 CUDA config, and torch SDPA over a BF16 cache.  Before timing it checks the CUDA path against the
 float64 reference and the Triton path at several GQA ratios, page sizes and lengths.
@@ -30,13 +30,14 @@ from oscar_ray.kernels.reference import decode_attention_reference  # noqa: E402
 from oscar_ray.kernels.synthetic import random_mixed_cache  # noqa: E402
 
 
-def _variant(cfg: tuple[int, ...]) -> tuple[int, int, int | None, int, int]:
-    """warps:splits[:min_blocks[:shiftless[:pipe]]] with the launcher's defaults filled in."""
+def _variant(cfg: tuple[int, ...]) -> tuple[int, int, int | None, int, int, bool]:
+    """warps:splits[:min_blocks[:shiftless[:pipe[:half_rows]]]] with the launcher's defaults filled in."""
     warps, splits, *rest = cfg
     minb = (rest[0] if rest else 0) or None
     shiftless = rest[1] if len(rest) > 1 else 2
     pipe = rest[2] if len(rest) > 2 else decode_cuda.DEFAULT_PIPE
-    return warps, splits, minb, shiftless, pipe
+    half_rows = bool(rest[3]) if len(rest) > 3 else False
+    return warps, splits, minb, shiftless, pipe, half_rows
 
 
 def func_attrs(kernel) -> str:
@@ -93,10 +94,12 @@ def sweep(batch: int, ctx: int, configs, args) -> list[list[str]]:
         if not args.no_triton:
             run("triton", int2_kernel="triton")
         original = dec.int2_tier_cuda
-        for warps, splits, minb, shiftless, pipe in map(_variant, configs):
-            dec.int2_tier_cuda = partial(original, warps=warps, min_blocks=minb, shiftless=shiftless, pipe=pipe)
+        for warps, splits, minb, shiftless, pipe, half in map(_variant, configs):
+            dec.int2_tier_cuda = partial(original, warps=warps, min_blocks=minb, shiftless=shiftless, pipe=pipe,
+                                         half_rows=half)
             s = splits or decode_cuda.default_cuda_splits(batch, HKV, n2, warps)
-            run(f"cuda {warps}:{s}:{minb or 'default'}:{int(shiftless)}:{pipe}", int2_kernel="cuda", num_splits=s)
+            run(f"cuda {warps}:{s}:{minb or 'default'}:{int(shiftless)}:{pipe}:{int(half)}", int2_kernel="cuda",
+                num_splits=s)
         dec.int2_tier_cuda = original
         del kv, seg
     kb, vb = (torch.randn(batch, HKV, ctx, D, device="cuda", dtype=torch.bfloat16) for _ in "kv")
@@ -136,9 +139,10 @@ def main() -> int:
         rows = check(args.seed)
         lines += [f"## max |o − reference| (fp16 scales, bf16, pipe {decode_cuda.DEFAULT_PIPE})", ""]
         lines += _table(["GQA", "page", "INT2 lens", "cuda (default / 1 / 7 splits)", "triton", "max |ref|"], rows)
-    for warps, _, minb, shiftless, pipe in map(_variant, configs):
-        k = decode_cuda._kernel(4, 8, warps, minb, shiftless, 256, 16, pipe)
-        lines.append(f"- kernel warps {warps} min_blocks {minb or 'default'} shiftless {int(shiftless)} pipe {pipe}: "
+    for warps, _, minb, shiftless, pipe, half in map(_variant, configs):
+        k = decode_cuda._kernel(4, 8, warps, minb, shiftless, 256, 16, pipe, half)
+        lines.append(f"- kernel warps {warps} min_blocks {minb or 'default'} shiftless {int(shiftless)} pipe {pipe} "
+                     f"half_rows {int(half)}: "
                      f"{func_attrs(k)}")
     lines.append("")
     rows = []

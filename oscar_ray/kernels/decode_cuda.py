@@ -65,7 +65,7 @@ def _min_blocks(nt: int, warps: int, pipe: int = 0) -> int:
 
 
 def kernel_source(gqa: int, page: int, warps: int, min_blocks: int | None = None, shiftless: int = 2,
-                  code_tok: int = 256, scale_tok: int = 16, pipe: int = 0) -> str:
+                  code_tok: int = 256, scale_tok: int = 16, pipe: int = 0, half_rows: bool = False) -> str:
     """CUDA source of one specialisation (GQA ratio, INT2 page size, warps per CTA, min CTAs per SM,
     the unpack (shiftless 0: a shift per code, 1: bf16 masks in place, 2: and the keys' MMAs in fp16,
     one shift per key word), the token strides of codes (bytes) and scales (elements))."""
@@ -75,16 +75,17 @@ def kernel_source(gqa: int, page: int, warps: int, min_blocks: int | None = None
             .replace("__WARPS__", str(warps)).replace("__MINB__", str(min_blocks))
             .replace("__SHIFTLESS__", str(int(shiftless))).replace("__C_TOK__", str(code_tok))
             .replace("__S_TOK__", str(scale_tok)).replace("__PIPE__", str(pipe))
-            .replace("__STEP_BYTES__", str(STEP_BYTES)))
+            .replace("__STEP_BYTES__", str(STEP_BYTES)).replace("__HALF_ROWS__", str(int(half_rows))))
 
 
 @functools.lru_cache(maxsize=None)
 def _kernel(gqa: int, page: int, warps: int, min_blocks: int | None, shiftless: int = 2, code_tok: int = 256,
-            scale_tok: int = 16, pipe: int = 0, device: int | None = None):
+            scale_tok: int = 16, pipe: int = 0, half_rows: bool = False, device: int | None = None):
     # a CUfunction belongs to the context it was loaded in: one module per device
     with torch.cuda.device(torch.cuda.current_device() if device is None else device):
         return torch.cuda._compile_kernel(kernel_source(gqa, page, warps, min_blocks, shiftless, code_tok,
-                                                        scale_tok, pipe), KERNEL_NAME, nvcc_options=["-std=c++17"])
+                                                        scale_tok, pipe, half_rows), KERNEL_NAME,
+                                          nvcc_options=["-std=c++17"])
 
 
 def cuda_unsupported(q: torch.Tensor, kv: PagedKV, geo: KVGeometry, precision: str) -> str | None:
@@ -143,7 +144,7 @@ class CudaLaunch:
     """One launch of the kernel: its specialisation (kernel_source's arguments), grid, block and
     arguments in the kernel's order (tensors, then qk_scale, then the int32 strides and counts)."""
 
-    source_args: tuple  # (gqa, page, warps, min_blocks, shiftless, code_tok, scale_tok, pipe)
+    source_args: tuple  # (gqa, page, warps, min_blocks, shiftless, code_tok, scale_tok, pipe, half_rows)
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
     tensors: tuple  # q, k codes, k scales, v codes, v scales, table, lens, mid_o, mid_lse
@@ -153,7 +154,7 @@ class CudaLaunch:
 
 def launch_plan(q: torch.Tensor, kv: PagedKV, geo: KVGeometry, seg: Segments, mid_o: torch.Tensor,
                 mid_lse: torch.Tensor, qk_scale: float, n_splits: int, warps: int = 4, min_blocks: int | None = None,
-                shiftless: int = 2, pipe: int | None = None) -> CudaLaunch:
+                shiftless: int = 2, pipe: int | None = None, half_rows: bool = False) -> CudaLaunch:
     """What int2_tier_cuda launches (device-independent: the CPU emulator of tests/unit/kernels runs
     the same plan); raises the ValueErrors int2_tier_cuda documents."""
     b, hq, d = q.shape
@@ -178,7 +179,7 @@ def launch_plan(q: torch.Tensor, kv: PagedKV, geo: KVGeometry, seg: Segments, mi
     ints = (q.stride(0), q.stride(1), c[0], c[2], s[0], s[2], table.stride(0), hq, total, n_splits)
     if max(ints) >= 2**31:  # the kernel's stride / count parameters are 32-bit (offsets are 64-bit)
         raise ValueError(f"a stride or count does not fit the CUDA kernel's int32 parameters: {ints}")
-    return CudaLaunch((gqa, geo.int2_page_size, warps, min_blocks, shiftless, c[1], s[1], pipe),
+    return CudaLaunch((gqa, geo.int2_page_size, warps, min_blocks, shiftless, c[1], s[1], pipe, bool(half_rows)),
                       (b, geo.n_kv_heads, n_splits), (32 * warps, 1, 1),
                       (q, kv.k_codes, kv.k_scales, kv.v_codes, kv.v_scales, table, seg.int2_lens, mid_o, mid_lse),
                       float(qk_scale), ints)
@@ -186,14 +187,15 @@ def launch_plan(q: torch.Tensor, kv: PagedKV, geo: KVGeometry, seg: Segments, mi
 
 def int2_tier_cuda(q: torch.Tensor, kv: PagedKV, geo: KVGeometry, seg: Segments, mid_o: torch.Tensor,
                    mid_lse: torch.Tensor, qk_scale: float, n_splits: int, warps: int = 4, min_blocks: int | None = None,
-                   shiftless: int = 2, pipe: int | None = None) -> None:
+                   shiftless: int = 2, pipe: int | None = None, half_rows: bool = False) -> None:
     """Partials of the INT2 tier into rows [0, n_splits) of mid_o [B, Hq, total, 128] / mid_lse.
 
     q [B, Hq, 128] in the rotated K basis (any float dtype; read as fp32); geo = kv.geometry(), as
     the caller validated it (not re-read per layer and step).  Callers check cuda_unsupported()
     first; this launcher checks only what the kernel would silently misread.
     """
-    plan = launch_plan(q, kv, geo, seg, mid_o, mid_lse, qk_scale, n_splits, warps, min_blocks, shiftless, pipe)
+    plan = launch_plan(q, kv, geo, seg, mid_o, mid_lse, qk_scale, n_splits, warps, min_blocks, shiftless, pipe,
+                       half_rows)
     kernel = _kernel(*plan.source_args, q.device.index)
     kernel(grid=plan.grid, block=plan.block, args=[*plan.tensors, plan.qk_scale, *plan.ints],
            stream=torch.cuda.current_stream(q.device))

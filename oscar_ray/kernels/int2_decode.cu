@@ -10,6 +10,7 @@ typedef unsigned int u32;
 #define SHIFTLESS __SHIFTLESS__
 #define C_TOK __C_TOK__
 #define PIPE __PIPE__
+#define HALF_ROWS __HALF_ROWS__
 #define STEP_BYTES __STEP_BYTES__
 #define S_TOK __S_TOK__
 #define D 128
@@ -397,32 +398,53 @@ oscar_int2_decode_d128(const float* __restrict__ q, const unsigned char* __restr
     const unsigned char* vr = vc + (long long)kh * c_head;
     const unsigned short* ksr = ks + (long long)kh * s_head;
     const unsigned short* vsr = vs + (long long)kh * s_head;
-    // the page id of a lane's token in step i: a dependent global load in front of the step's copies.
-    // Loaded one step before the copies that use it, so its latency hides behind a step of compute
-    // instead of stalling the warp (in-order issue) at every refill.
+    // the page ids a lane's copies of step i need: a dependent global load in front of the step's
+    // copies, loaded one step before the copies that use them, so its latency hides behind a step of
+    // compute instead of stalling the warp (in-order issue) at every refill.
+    // HALF_ROWS: lane L copies half L & 1 of token L >> 1's 32-byte rows (and of token 16 + L >> 1),
+    // so each cp.async.cg instruction reads 16 whole 32-byte sectors instead of half of 32 sectors
+    // (L1 is bypassed: the two halves of a sector were two L2 requests); its (s, z) copies take token
+    // L >> 1 (+ 16), K pairs in even lanes and V pairs in odd.  Else lane L copies token L.
+    struct Pages { int a, b; };
     auto page_of = [&](const int i) {
-        const int n = start + warp * 32 + i * stride + lane;
-        return n < end ? trow[n / PAGE] : 0;
+        const int n0 = start + warp * 32 + i * stride;
+        const int na = n0 + (HALF_ROWS ? (lane >> 1) : lane), nb = na + 16;
+        return Pages{na < end ? trow[na / PAGE] : 0, (HALF_ROWS && nb < end) ? trow[nb / PAGE] : 0};
     };
-    auto issue = [&](const int i, const int pg) {  // step i of this warp -> slot i % PIPE
-        const int n = start + warp * 32 + i * stride + lane;
+    auto issue = [&](const int i, const Pages pg) {  // step i of this warp -> slot i % PIPE
+        const int n0 = start + warp * 32 + i * stride;
+        unsigned char* slot = ring + (i % PIPE) * STEP_BYTES;
+#if HALF_ROWS
+        const int h = lane & 1;
+#pragma unroll
+        for (int part = 0; part < 2; ++part) {
+            const int r = part * 16 + (lane >> 1), n = n0 + r;
+            const bool on = n < end;
+            const long long pgl = part ? pg.b : pg.a;
+            const int o = n % PAGE;
+            cp16(slot + r * 32 + 16 * h, kr + pgl * c_page + o * C_TOK + 16 * h, on);
+            cp16(slot + 1024 + r * 32 + 16 * h, vr + pgl * c_page + o * C_TOK + 16 * h, on);
+            cp4(slot + 2048 + 128 * h + r * 4, (h ? vsr : ksr) + pgl * s_page + o * S_TOK, on);
+        }
+#else
+        const int n = n0 + lane;
         const bool on = n < end;
         const int o = n % PAGE;
-        unsigned char* slot = ring + (i % PIPE) * STEP_BYTES;
-        const unsigned char* kg = kr + (long long)pg * c_page + o * C_TOK;
-        const unsigned char* vg = vr + (long long)pg * c_page + o * C_TOK;
+        const unsigned char* kg = kr + (long long)pg.a * c_page + o * C_TOK;
+        const unsigned char* vg = vr + (long long)pg.a * c_page + o * C_TOK;
         cp16(slot + lane * 32, kg, on);
         cp16(slot + lane * 32 + 16, kg + 16, on);
         cp16(slot + 1024 + lane * 32, vg, on);
         cp16(slot + 1024 + lane * 32 + 16, vg + 16, on);
-        cp4(slot + 2048 + lane * 4, ksr + (long long)pg * s_page + o * S_TOK, on);
-        cp4(slot + 2176 + lane * 4, vsr + (long long)pg * s_page + o * S_TOK, on);
+        cp4(slot + 2048 + lane * 4, ksr + (long long)pg.a * s_page + o * S_TOK, on);
+        cp4(slot + 2176 + lane * 4, vsr + (long long)pg.a * s_page + o * S_TOK, on);
+#endif
         cp_commit();
     };
     const int steps = (end - (start + warp * 32) + stride - 1) / stride;  // may be <= 0
 #pragma unroll
     for (int i = 0; i < PIPE - 1; ++i) issue(i, page_of(i));
-    int pg_next = page_of(PIPE - 1);
+    Pages pg_next = page_of(PIPE - 1);
     for (int i = 0; i < steps; ++i) {
         cp_wait<PIPE - 2>();
         __syncwarp();

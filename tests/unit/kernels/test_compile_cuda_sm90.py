@@ -52,11 +52,12 @@ def _compile(lib, source: str) -> bytes:
     return ptx.value
 
 
-@pytest.mark.parametrize("gqa, page, warps, pipe", [(1, 8, 4, 0), (3, 16, 4, 0), (4, 8, 4, 0), (4, 64, 4, 0), (8, 8, 4, 0),
-                                                    (12, 8, 4, 0), (16, 32, 4, 0), (4, 8, 8, 0), (4, 8, 2, 0),
-                                                    (4, 8, 4, 4), (12, 16, 4, 3), (1, 8, 2, 6)])
-def test_cuda_decode_compiles_for_sm90_without_spills(tmp_path, gqa, page, warps, pipe):
-    ptx = _compile(_nvrtc(), decode_cuda.kernel_source(gqa, page, warps, pipe=pipe))
+@pytest.mark.parametrize("gqa, page, warps, pipe, half_rows", [
+    (1, 8, 4, 0, False), (3, 16, 4, 0, False), (4, 8, 4, 0, False), (4, 64, 4, 0, False), (8, 8, 4, 0, False),
+    (12, 8, 4, 0, False), (16, 32, 4, 0, False), (4, 8, 8, 0, False), (4, 8, 2, 0, False), (4, 8, 4, 4, False),
+    (12, 16, 4, 3, False), (1, 8, 2, 6, False), (4, 8, 4, 4, True), (4, 16, 2, 6, True)])
+def test_cuda_decode_compiles_for_sm90_without_spills(tmp_path, gqa, page, warps, pipe, half_rows):
+    ptx = _compile(_nvrtc(), decode_cuda.kernel_source(gqa, page, warps, pipe=pipe, half_rows=half_rows))
     assert decode_cuda.KERNEL_NAME.encode() in ptx
     (tmp_path / "k.ptx").write_bytes(ptx)
     out = subprocess.run([_ptxas(), "-arch=sm_90", "-v", "-o", str(tmp_path / "k.cubin"), str(tmp_path / "k.ptx")],

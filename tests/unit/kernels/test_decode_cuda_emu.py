@@ -71,7 +71,7 @@ def test_cuda_tier_head_major_scales(cuda_tier, seed, g, page, pipe):
     assert_close_verbose(out, decode_attention_reference(q, kv, seg), *BF16_TOL, what=f"page {page} pipe {pipe}")
 
 
-@pytest.mark.parametrize("opts", [{"warps": 1}, {"warps": 2}, {"warps": 8}, {"shiftless": 0}, {"shiftless": 1},
+@pytest.mark.parametrize("opts", [{"warps": 1}, {"warps": 2}, {"warps": 8}, {"shiftless": 0}, {"shiftless": 1}, {"half_rows": True}, {"half_rows": True, "warps": 2, "pipe": 6},
                                   {"pipe": 0}, {"pipe": 0, "warps": 2}, {"pipe": 4}, {"pipe": 5, "warps": 2}])
 def test_cuda_tier_launcher_options(cuda_tier, seed, opts):
     kv, seg, q = _cache(4, 16, [600, 33, 0], [70, 0, 9], seed)
@@ -95,25 +95,25 @@ def test_running_max_that_keeps_rising(cuda_tier, seed, pipe):
     assert_close_verbose(out, decode_attention_reference(q, kv, seg), *BF16_TOL, what=f"pipe {pipe}")
 
 
-def _partials(q, kv, seg, splits, pipe, early, warps=4):
+def _partials(q, kv, seg, splits, pipe, early, warps=4, half_rows=False):
     b, hq, _ = q.shape
     mid_o = torch.full((b, hq, splits, D), float("nan"))
     mid_lse = torch.full((b, hq, splits), float("nan"))
     plan = decode_cuda.launch_plan(q, kv, kv.geometry(), seg, mid_o, mid_lse, LOG2E / D**0.5, splits,
-                                   warps=warps, pipe=pipe)
+                                   warps=warps, pipe=pipe, half_rows=half_rows)
     cuda_emu.run(plan, early)
     return mid_o, mid_lse
 
 
-@pytest.mark.parametrize("pipe, warps", [(3, 4), (4, 4), (6, 2)])
-def test_cp_async_ring_equals_register_path(seed, pipe, warps):
+@pytest.mark.parametrize("pipe, warps, half_rows", [(3, 4, False), (4, 4, False), (6, 2, False), (4, 4, True)])
+def test_cp_async_ring_equals_register_path(seed, pipe, warps, half_rows):
     # same arithmetic in the same order; only where the bytes wait differs.  Copies landing at the
     # wait (the latest legal time) catch a read before it; landing at issue, a slot refilled too early
     kv, seg, q = _cache(12, 8, [1000, 40, 0, 1], [0, 0, 0, 0], seed)
     ref_o, ref_lse = _partials(q, kv, seg, 5, 0, False, warps)
     assert not ref_o.isnan().any() and not ref_lse.isnan().any()
     for early in (False, True):
-        o, lse = _partials(q, kv, seg, 5, pipe, early, warps)
+        o, lse = _partials(q, kv, seg, 5, pipe, early, warps, half_rows)
         assert torch.equal(o, ref_o) and torch.equal(lse, ref_lse), f"pipe {pipe} early={early}"
 
 
