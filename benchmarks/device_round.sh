@@ -5,7 +5,9 @@
 # .devwheels: pydantic + pyyaml for tests/gpu/test_engine_gpu.py, fetched here beforehand with
 #   pip download --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 -d .devwheels pydantic pyyaml
 # Each step has its own time limit and writes its own file, so a step that fails or overruns leaves
-# the others' results.  The device copy's .git metadata can be stale: ROUND_COMMIT names the tree.
+# the others' results.  The device copy's .git metadata can be stale: ROUND_COMMIT names the tree, and must
+# be the literal sha from this side (a $(git rev-parse) in the command runs there and prints the stale one).
+# An H100 runs tests/gpu slower than the H200 (53 tests in 220 s on 2026-12-06): give it a call of its own.
 set -u
 : "${OUT:?set by the device tool}"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
