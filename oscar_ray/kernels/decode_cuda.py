@@ -23,7 +23,7 @@ p·v = (p∘s)·(c+128) − Σ p s (z+128).  A CTA of WARPS warps takes one spli
 pipe = P in a cp.async ring of P steps in shared memory); the warps' online-softmax
 states merge in shared memory into the same (mid_o, mid_lse) rows as the Triton stage 1, so the
 BF16 tier and the merge stay the Triton kernels of decode_attention.py.
-The source is int2_decode.cu; only NVRTC (torch.cuda._compile_kernel, bundled with torch's CUDA
+The source is int2_decode.cu (+ int2_primitives.cu, its PTX primitives and unpack); only NVRTC (torch.cuda._compile_kernel, bundled with torch's CUDA
 build) is needed, once per specialisation per process.  On CPU / under TRITON_INTERPRET this path
 is never taken by the launcher; CI instead runs the same source, built by g++ over a lane-level
 emulator of its PTX primitives, on launch_plan()'s grid and arguments (tests/unit/kernels/cuda_emu,
@@ -51,7 +51,8 @@ RING_BYTES = 48 * 1024  # the ring is static shared memory: warps x pipe x STEP_
 # 3.06x SDPA at 128K bs8 (322.6 us) against 2.6x for 0; only 1x32K is slower (27.6 vs 25.0 us)
 DEFAULT_PIPE = 4
 
-_SOURCE = (Path(__file__).parent / "int2_decode.cu").read_text()
+_SOURCE = (Path(__file__).parent / "int2_decode.cu").read_text().replace(
+    "__PRIMITIVES__", (Path(__file__).parent / "int2_primitives.cu").read_text())
 
 
 def _min_blocks(nt: int, warps: int, pipe: int = 0) -> int:
