@@ -23,9 +23,9 @@ p·v = (p∘s)·(c+128) − Σ p s (z+128).  A CTA of WARPS warps takes one spli
 pipe = P in a cp.async ring of P steps in shared memory); the warps' online-softmax
 states merge in shared memory into the same (mid_o, mid_lse) rows as the Triton stage 1, so the
 BF16 tier and the merge stay the Triton kernels of decode_attention.py.
-The source is int2_decode.cu (+ int2_primitives.cu, its PTX primitives and unpack); only NVRTC (torch.cuda._compile_kernel, bundled with torch's CUDA
-build) is needed, once per specialisation per process.  On CPU / under TRITON_INTERPRET this path
-is never taken by the launcher; CI instead runs the same source, built by g++ over a lane-level
+The source is int2_decode.cu (+ int2_primitives.cu, its PTX primitives and unpack); only NVRTC
+(torch.cuda._compile_kernel, bundled with torch's CUDA build) is needed, once per specialisation per
+process.  On CPU / under TRITON_INTERPRET this path is never taken by the launcher; CI instead runs the same source, built by g++ over a lane-level
 emulator of its PTX primitives, on launch_plan()'s grid and arguments (tests/unit/kernels/cuda_emu,
 test_decode_cuda_emu.py), and compiles every specialisation for sm_90 (test_compile_cuda_sm90.py);
 tests/gpu checks it on the hardware against the float64 reference.

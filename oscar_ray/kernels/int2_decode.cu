@@ -266,6 +266,10 @@ oscar_int2_decode_d128(const float* __restrict__ q, const unsigned char* __restr
             }
         }
     };
+    auto step = [&](const Tile (&T)[2], const int n0, const unsigned char* vslot) {  // the tail dispatch
+        if (n0 + 32 <= end) process(T, n0, vslot, false);
+        else process(T, n0, vslot, true);
+    };
     auto load_step = [&](Tile (&T)[2], const int n) {
         load_tile(T[0], n, end, trow, kq, ksq, vq, vsq, c_page, s_page);
         if (n + 16 < end) load_tile(T[1], n + 16, end, trow, kq, ksq, vq, vsq, c_page, s_page);
@@ -345,9 +349,7 @@ oscar_int2_decode_d128(const float* __restrict__ q, const unsigned char* __restr
         __syncwarp();  // every lane is done with slot (i - 1) % PIPE (step i - 1) before it is refilled
         issue(i + PIPE - 1, pg_next);
         pg_next = page_of(i + PIPE);
-        const int n0 = start + warp * 32 + i * stride;
-        if (n0 + 32 <= end) process(T, n0, slot, false);
-        else process(T, n0, slot, true);
+        step(T, start + warp * 32 + i * stride, slot);
     }
     cp_wait<0>();
     __syncthreads();  // sh_o aliases the rings
@@ -358,12 +360,10 @@ oscar_int2_decode_d128(const float* __restrict__ q, const unsigned char* __restr
     for (int n0 = start + warp * 32; n0 < end; n0 += 2 * stride) {
         const int n1 = n0 + stride;
         if (n1 < end) load_step(tb, n1);
-        if (n0 + 32 <= end) process(ta, n0, nullptr, false);
-        else process(ta, n0, nullptr, true);
+        step(ta, n0, nullptr);
         if (n1 >= end) break;
         if (n1 + stride < end) load_step(ta, n1 + stride);
-        if (n1 + 32 <= end) process(tb, n1, nullptr, false);
-        else process(tb, n1, nullptr, true);
+        step(tb, n1, nullptr);
     }
 #endif
 
