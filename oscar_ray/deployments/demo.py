@@ -37,7 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     from .builder import load_app_config, build_app
 
     cfg = load_app_config(args.config)
-    ray.init(num_cpus=args.num_cpus, include_dashboard=False, log_to_driver=False)
+    # "local": the demo owns its cluster; a stray `ray start` on this machine (whose address Ray would
+    # otherwise pick up from /tmp/ray/ray_current_cluster) must not make num_cpus an error.
+    ray.init(address="local", num_cpus=args.num_cpus, include_dashboard=False, log_to_driver=False)
     try:
         t0 = time.perf_counter()
         serve.start(http_options={"host": host, "port": port})

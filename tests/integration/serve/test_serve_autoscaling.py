@@ -44,7 +44,7 @@ def serve_app():
 
     from oscar_ray.deployments.builder import build_app
 
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": PORT})
     cfg = {
         "model_id": "mock", "tokenizer": "smollm2",

@@ -31,7 +31,7 @@ def app():
     from oscar_ray.deployments.builder import build_app
     from oscar_ray.deployments.config import ServeAppConfig
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": PORT})
     cfg = ServeAppConfig.model_validate({
         "model_id": MODEL, "tokenizer": "smollm2",
