@@ -4,7 +4,11 @@
 
 A config is warps:splits[:min_blocks[:shiftless[:pipe[:half_rows]]]] (splits 0: default_cuda_splits; min_blocks absent
 or 0: the launcher's; shiftless 0: the shift-per-code unpack, 1: bf16 masks in place, 2 (default): and fp16
-keys; pipe P >= 3: cp.async ring of P steps; half_rows 1: the ring's copies read whole sectors, two lanes per token).  Per shape it times, in one call and with CUDA graphs over cold-L2 copies (as
+keys; pipe P >= 3: cp.async ring of P steps; half_rows 1: the ring's copies read whole sectors, two lanes per token).
+--layouts picks the INT2 tier's memory order (token: the pools'; head-scales: (s, z) stored head-major; head-pages:
+codes too, so one KV head's rows of a page are one 256-byte run); --ceiling adds, per ring config, the same call
+with the INT2 tier's attention left out (read_only: the ring's copies and waits alone), the load path's ceiling.
+Per shape it times, in one call and with CUDA graphs over cold-L2 copies (as
 benchmarks/decode_attention.py): the Triton stage 1 (int2_kernel="triton", launcher defaults), each
 CUDA config, and torch SDPA over a BF16 cache.  Before timing it checks the CUDA path against the
 float64 reference and the Triton path at several GQA ratios, page sizes and lengths.
@@ -76,10 +80,11 @@ def sweep(batch: int, ctx: int, configs, args) -> list[list[str]]:
     nbytes = batch * (n2 * HKV * (D // 4 + 4) * 2 + (SINK + RECENT) * HKV * D * 4) + 2 * batch * HQ * D * 4
     q = torch.randn(batch, HQ, D, device="cuda")
     rows = []
-    for layout in args.scale_layouts:  # token: (s, z) [page, token, head]; head: stored [page, head, token]
+    for layout in args.layouts:  # token: [page, token, head, ...] as the pools; head-*: stored [page, head, token, ...]
         kv, seg = random_mixed_cache([n2] * batch, [SINK + RECENT] * batch, HKV, D, scale_dtype=torch.float16,
-                                     device="cuda", head_major_scales=layout == "head")
-        tag = "" if layout == "token" else " [head-major scales]"
+                                     device="cuda", head_major_scales=layout != "token",
+                                     head_major_codes=layout == "head-pages")
+        tag = "" if layout == "token" else f" [{layout}]"
 
         def run(name, **kw):
             try:
@@ -95,11 +100,12 @@ def sweep(batch: int, ctx: int, configs, args) -> list[list[str]]:
             run("triton", int2_kernel="triton")
         original = dec.int2_tier_cuda
         for warps, splits, minb, shiftless, pipe, half in map(_variant, configs):
-            dec.int2_tier_cuda = partial(original, warps=warps, min_blocks=minb, shiftless=shiftless, pipe=pipe,
-                                         half_rows=half)
             s = splits or decode_cuda.default_cuda_splits(batch, HKV, n2, warps)
-            run(f"cuda {warps}:{s}:{minb or 'default'}:{int(shiftless)}:{pipe}:{int(half)}", int2_kernel="cuda",
-                num_splits=s)
+            name = f"cuda {warps}:{s}:{minb or 'default'}:{int(shiftless)}:{pipe}:{int(half)}"
+            for read_only in (False, True) if args.ceiling and pipe else (False,):
+                dec.int2_tier_cuda = partial(original, warps=warps, min_blocks=minb, shiftless=shiftless, pipe=pipe,
+                                             half_rows=half, read_only=read_only)
+                run(name + (" copies only" if read_only else ""), int2_kernel="cuda", num_splits=s)
         dec.int2_tier_cuda = original
         del kv, seg
     kb, vb = (torch.randn(batch, HKV, ctx, D, device="cuda", dtype=torch.bfloat16) for _ in "kv")
@@ -124,8 +130,11 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--skip-check", action="store_true")
     p.add_argument("--no-triton", action="store_true", help="skip the Triton stage-1 rows")
-    p.add_argument("--scale-layouts", nargs="+", choices=["token", "head"], default=["token"],
-                   help="(s, z) memory order of the timed caches: token-major (the cache's) and/or head-major")
+    p.add_argument("--layouts", nargs="+", choices=["token", "head-scales", "head-pages"], default=["token"],
+                   help="INT2-tier memory order of the timed caches: token-major (the pools'), (s, z) head-major, "
+                        "or codes and (s, z) head-major")
+    p.add_argument("--ceiling", action="store_true",
+                   help="per ring config also time the copies alone (read_only: no INT2 attention, wrong output)")
     p.add_argument("--pipe", type=int, default=None, help="set decode_cuda.DEFAULT_PIPE (the check and default configs)")
     args = p.parse_args()
     args.smoke = False

@@ -41,11 +41,11 @@ if has ncu && command -v ncu > /dev/null; then
     python3 benchmarks/ncu_decode.py 8 131072 128 4 3 16
 fi
 # 5. A/B of the INT2 tier in one run: whole-sector ring copies (half_rows 1) vs one token per lane,
-#    fp16 keys (2) vs bf16 (1), and
-#    the (s, z) pairs stored head-major (one KV head's pairs of a page adjacent: 1 sector per 8 tokens
-#    instead of 8) against the cache's token-major order (~250-400 s)
-#    (SWEEP_LIMIT / SWEEP_CONFIGS / SWEEP_SHAPES narrow it to fit beside other steps)
+#    the pools' token-major pages against codes and (s, z) stored head-major (one KV head's rows of a
+#    page one 256-B run: DRAM locality), and each ring config's copies alone (--ceiling: read_only,
+#    no attention), which says whether the load path or the compute holds the kernel at ~1.8 TB/s
+#    (~300-450 s; SWEEP_LIMIT / SWEEP_CONFIGS / SWEEP_SHAPES / SWEEP_LAYOUTS narrow it to fit beside other steps)
 has sweep && step cuda_sweep "${SWEEP_LIMIT:-420}" python3 benchmarks/decode_cuda_sweep.py --no-triton --skip-check \
-  --scale-layouts token head --configs ${SWEEP_CONFIGS:-4:0:0:2:4:0 4:0:0:2:4:1 2:0:0:2:6:1 4:0:0:1:4:0} \
-  --shapes ${SWEEP_SHAPES:-8x131072 8x65536 1x16384 32x131072} --out "$OUT/cuda.md"
+  --ceiling --layouts ${SWEEP_LAYOUTS:-token head-pages} --configs ${SWEEP_CONFIGS:-4:0:0:2:4:0 4:0:0:2:4:1 2:0:0:2:6:1} \
+  --shapes ${SWEEP_SHAPES:-8x131072 8x65536 1x16384} --out "$OUT/cuda.md"
 exit 0

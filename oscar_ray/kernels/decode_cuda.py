@@ -66,26 +66,32 @@ def _min_blocks(nt: int, warps: int, pipe: int = 0) -> int:
 
 
 def kernel_source(gqa: int, page: int, warps: int, min_blocks: int | None = None, shiftless: int = 2,
-                  code_tok: int = 256, scale_tok: int = 16, pipe: int = 0, half_rows: bool = False) -> str:
+                  code_tok: int = 256, scale_tok: int = 16, pipe: int = 0, half_rows: bool = False,
+                  read_only: bool = False) -> str:
     """CUDA source of one specialisation (GQA ratio, INT2 page size, warps per CTA, min CTAs per SM,
     the unpack (shiftless 0: a shift per code, 1: bf16 masks in place, 2: and the keys' MMAs in fp16,
-    one shift per key word), the token strides of codes (bytes) and scales (elements))."""
+    one shift per key word), the token strides of codes (bytes) and scales (elements), the ring's
+    depth and copy mapping, and read_only: the ring's copies alone, for benchmarks' ceiling)."""
+    if read_only and not pipe:
+        raise ValueError("read_only needs the cp.async ring (pipe >= 3)")
     nt = -(-gqa // 8)
     min_blocks = min_blocks or _min_blocks(nt, warps, pipe)
     return (_SOURCE.replace("__NT__", str(nt)).replace("__G__", str(gqa)).replace("__PAGE__", str(page))
             .replace("__WARPS__", str(warps)).replace("__MINB__", str(min_blocks))
             .replace("__SHIFTLESS__", str(int(shiftless))).replace("__C_TOK__", str(code_tok))
             .replace("__S_TOK__", str(scale_tok)).replace("__PIPE__", str(pipe))
-            .replace("__STEP_BYTES__", str(STEP_BYTES)).replace("__HALF_ROWS__", str(int(half_rows))))
+            .replace("__STEP_BYTES__", str(STEP_BYTES)).replace("__HALF_ROWS__", str(int(half_rows)))
+            .replace("__READ_ONLY__", str(int(read_only))))
 
 
 @functools.lru_cache(maxsize=None)
 def _kernel(gqa: int, page: int, warps: int, min_blocks: int | None, shiftless: int = 2, code_tok: int = 256,
-            scale_tok: int = 16, pipe: int = 0, half_rows: bool = False, device: int | None = None):
+            scale_tok: int = 16, pipe: int = 0, half_rows: bool = False, read_only: bool = False,
+            device: int | None = None):
     # a CUfunction belongs to the context it was loaded in: one module per device
     with torch.cuda.device(torch.cuda.current_device() if device is None else device):
         return torch.cuda._compile_kernel(kernel_source(gqa, page, warps, min_blocks, shiftless, code_tok,
-                                                        scale_tok, pipe, half_rows), KERNEL_NAME,
+                                                        scale_tok, pipe, half_rows, read_only), KERNEL_NAME,
                                           nvcc_options=["-std=c++17"])
 
 
@@ -145,7 +151,7 @@ class CudaLaunch:
     """One launch of the kernel: its specialisation (kernel_source's arguments), grid, block and
     arguments in the kernel's order (tensors, then qk_scale, then the int32 strides and counts)."""
 
-    source_args: tuple  # (gqa, page, warps, min_blocks, shiftless, code_tok, scale_tok, pipe, half_rows)
+    source_args: tuple  # (gqa, page, warps, min_blocks, shiftless, code_tok, scale_tok, pipe, half_rows, read_only)
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
     tensors: tuple  # q, k codes, k scales, v codes, v scales, table, lens, mid_o, mid_lse
@@ -155,9 +161,11 @@ class CudaLaunch:
 
 def launch_plan(q: torch.Tensor, kv: PagedKV, geo: KVGeometry, seg: Segments, mid_o: torch.Tensor,
                 mid_lse: torch.Tensor, qk_scale: float, n_splits: int, warps: int = 4, min_blocks: int | None = None,
-                shiftless: int = 2, pipe: int | None = None, half_rows: bool = False) -> CudaLaunch:
+                shiftless: int = 2, pipe: int | None = None, half_rows: bool = False,
+                read_only: bool = False) -> CudaLaunch:
     """What int2_tier_cuda launches (device-independent: the CPU emulator of tests/unit/kernels runs
-    the same plan); raises the ValueErrors int2_tier_cuda documents."""
+    the same plan); raises the ValueErrors int2_tier_cuda documents.  read_only (benchmarks only):
+    the ring's copies without the attention; mid_o gets one checksum word per warp, not partials."""
     b, hq, d = q.shape
     gqa = hq // geo.n_kv_heads
     if q.dtype != torch.float32 or q.stride(2) != 1:
@@ -177,10 +185,13 @@ def launch_plan(q: torch.Tensor, kv: PagedKV, geo: KVGeometry, seg: Segments, mi
     if pipe not in (0, 3, 4, 5, 6) or warps * pipe * STEP_BYTES > RING_BYTES:
         raise ValueError(f"pipe must be 0 or 3-6 steps with warps x pipe x {STEP_BYTES} B <= 48 KB of static "
                          f"shared memory, got pipe {pipe} at {warps} warps")
+    if read_only and not pipe:
+        raise ValueError("read_only needs the cp.async ring (pipe >= 3)")
     ints = (q.stride(0), q.stride(1), c[0], c[2], s[0], s[2], table.stride(0), hq, total, n_splits)
     if max(ints) >= 2**31:  # the kernel's stride / count parameters are 32-bit (offsets are 64-bit)
         raise ValueError(f"a stride or count does not fit the CUDA kernel's int32 parameters: {ints}")
-    return CudaLaunch((gqa, geo.int2_page_size, warps, min_blocks, shiftless, c[1], s[1], pipe, bool(half_rows)),
+    return CudaLaunch((gqa, geo.int2_page_size, warps, min_blocks, shiftless, c[1], s[1], pipe, bool(half_rows),
+                       bool(read_only)),
                       (b, geo.n_kv_heads, n_splits), (32 * warps, 1, 1),
                       (q, kv.k_codes, kv.k_scales, kv.v_codes, kv.v_scales, table, seg.int2_lens, mid_o, mid_lse),
                       float(qk_scale), ints)
@@ -188,7 +199,8 @@ def launch_plan(q: torch.Tensor, kv: PagedKV, geo: KVGeometry, seg: Segments, mi
 
 def int2_tier_cuda(q: torch.Tensor, kv: PagedKV, geo: KVGeometry, seg: Segments, mid_o: torch.Tensor,
                    mid_lse: torch.Tensor, qk_scale: float, n_splits: int, warps: int = 4, min_blocks: int | None = None,
-                   shiftless: int = 2, pipe: int | None = None, half_rows: bool = False) -> None:
+                   shiftless: int = 2, pipe: int | None = None, half_rows: bool = False,
+                   read_only: bool = False) -> None:
     """Partials of the INT2 tier into rows [0, n_splits) of mid_o [B, Hq, total, 128] / mid_lse.
 
     q [B, Hq, 128] in the rotated K basis (any float dtype; read as fp32); geo = kv.geometry(), as
@@ -196,7 +208,7 @@ def int2_tier_cuda(q: torch.Tensor, kv: PagedKV, geo: KVGeometry, seg: Segments,
     first; this launcher checks only what the kernel would silently misread.
     """
     plan = launch_plan(q, kv, geo, seg, mid_o, mid_lse, qk_scale, n_splits, warps, min_blocks, shiftless, pipe,
-                       half_rows)
+                       half_rows, read_only)
     kernel = _kernel(*plan.source_args, q.device.index)
     kernel(grid=plan.grid, block=plan.block, args=[*plan.tensors, plan.qk_scale, *plan.ints],
            stream=torch.cuda.current_stream(q.device))

@@ -12,6 +12,7 @@ typedef unsigned int u32;
 #define C_TOK __C_TOK__
 #define PIPE __PIPE__
 #define HALF_ROWS __HALF_ROWS__
+#define READ_ONLY __READ_ONLY__  // benchmarks' copy ceiling: the ring's copies and waits, no attention
 #define STEP_BYTES __STEP_BYTES__
 #define S_TOK __S_TOK__
 #define D 128
@@ -331,6 +332,31 @@ oscar_int2_decode_d128(const float* __restrict__ q, const unsigned char* __restr
 #pragma unroll
     for (int i = 0; i < PIPE - 1; ++i) issue(i, page_of(i));
     Pages pg_next = page_of(PIPE - 1);
+#if READ_ONLY
+    // the same copies, waits and refills with the attention left out: what the load path alone
+    // sustains.  An XOR of each token's 72 bytes keeps the reads observable (the emulator test checks
+    // it); the warp's sum goes to mid_o[row of head 0][warp] as bits, and nothing else is written.
+    u32 chk = 0;
+    for (int i = 0; i < steps; ++i) {
+        cp_wait<PIPE - 2>();
+        __syncwarp();
+        const unsigned char* slot = ring + (i % PIPE) * STEP_BYTES;
+        if (start + warp * 32 + i * stride + lane < end) {
+#pragma unroll
+            for (int w = 0; w < 8; ++w)
+                chk ^= *(const u32*)(slot + lane * 32 + 4 * w) ^ *(const u32*)(slot + 1024 + lane * 32 + 4 * w);
+            chk ^= *(const u32*)(slot + 2048 + lane * 4) ^ *(const u32*)(slot + 2176 + lane * 4);
+        }
+        __syncwarp();
+        issue(i + PIPE - 1, pg_next);
+        pg_next = page_of(i + PIPE);
+    }
+    cp_wait<0>();
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) chk ^= __shfl_xor_sync(FULL, chk, off);
+    if (lane == 0) mid_o[((long long)(b * n_q_heads + kh * G) * total_splits + split) * D + warp] = __uint_as_float(chk);
+    return;
+#endif
     for (int i = 0; i < steps; ++i) {
         cp_wait<PIPE - 2>();
         __syncwarp();

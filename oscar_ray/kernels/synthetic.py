@@ -34,7 +34,7 @@ def random_mixed_cache(int2_lens: Sequence[int], bf16_lens: Sequence[int], n_kv_
                        int2_page_size: int = 8, bf16_page_size: int = 8, group_size: int | None = None,
                        scale_dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
                        spare_pages: int = 3, seed: int | None = None, key_bits: int = 2,
-                       head_major_scales: bool = False) -> tuple[PagedKV, Segments]:
+                       head_major_scales: bool = False, head_major_codes: bool = False) -> tuple[PagedKV, Segments]:
     """A PagedKV + Segments holding random codes, scales and bf16 rows for requests of the given lengths.
 
     Pages are shuffled across requests and `spare_pages` extra pages per tier stay unused, so a kernel
@@ -42,6 +42,8 @@ def random_mixed_cache(int2_lens: Sequence[int], bf16_lens: Sequence[int], n_kv_
     head_major_scales: the (s, z) tensors keep their logical [page, token, kv_head, 2·G] shape but are
     stored head-major ([page, kv_head, token, 2·G] in memory), so one KV head's pairs of a page are
     adjacent (the kernels read them through strides).
+    head_major_codes: the same for the INT2 code rows: one KV head's rows of a page are one contiguous
+    page·d/4-byte run (256 B at page 8, d 128) instead of d/4-byte rows n_kv_heads·d/4 bytes apart.
     Example: kv, seg = random_mixed_cache([100, 0], [320, 5], n_kv_heads=2, head_dim=64)
     """
     gen = None if seed is None else torch.Generator().manual_seed(seed)
@@ -51,11 +53,14 @@ def random_mixed_cache(int2_lens: Sequence[int], bf16_lens: Sequence[int], n_kv_
     code_shape = (n2, int2_page_size, n_kv_heads, head_dim // 4)
     bf16_shape = (n16, bf16_page_size, n_kv_heads, head_dim)
 
+    def head_major(x, on):  # same logical shape and values, stored [page, kv_head, token, ...]
+        return x.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3) if on else x
+
     def codes(bits=2):
         shape = code_shape[:3] + (head_dim * bits // 8,)  # 3-bit keys: one more d/8-byte bit plane
         if torch.device(device).type == "cuda":  # GB-sized caches: draw on the device
-            return torch.randint(0, 256, shape, dtype=torch.uint8, device=device)
-        return torch.randint(0, 256, shape, dtype=torch.uint8, generator=gen)
+            return head_major(torch.randint(0, 256, shape, dtype=torch.uint8, device=device), head_major_codes)
+        return head_major(torch.randint(0, 256, shape, dtype=torch.uint8, generator=gen), head_major_codes)
 
     def rows():
         if torch.device(device).type == "cuda":
@@ -63,8 +68,7 @@ def random_mixed_cache(int2_lens: Sequence[int], bf16_lens: Sequence[int], n_kv_
         return (torch.randn(bf16_shape, generator=gen) * 0.5).to(torch.bfloat16)
 
     def scales():
-        x = random_scales(code_shape[:3], n_groups, scale_dtype, device, gen)
-        return x.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3) if head_major_scales else x
+        return head_major(random_scales(code_shape[:3], n_groups, scale_dtype, device, gen), head_major_scales)
 
     kv = PagedKV(codes(key_bits).to(device), scales(), codes().to(device), scales(),
                  rows().to(device), rows().to(device), group_size, key_bits)

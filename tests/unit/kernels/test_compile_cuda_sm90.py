@@ -71,6 +71,13 @@ def test_cuda_decode_compiles_for_sm90_without_spills(tmp_path, gqa, page, warps
     assert regs <= 65536 // (32 * warps * decode_cuda._min_blocks(nt, warps, pipe)), info
 
 
+@pytest.mark.parametrize("half_rows", [False, True])
+def test_read_only_ceiling_compiles_for_sm90(half_rows):
+    # the benchmarks' copy ceiling must build for the card it is meant to measure
+    ptx = _compile(_nvrtc(), decode_cuda.kernel_source(4, 8, 4, pipe=4, half_rows=half_rows, read_only=True))
+    assert decode_cuda.KERNEL_NAME.encode() in ptx and b"cp.async.cg" in ptx and b"mma.sync" not in ptx
+
+
 @pytest.mark.parametrize("gqa, pipe", [(4, 0), (4, 4), (12, 0)])
 def test_sass_cost_model_walks_the_main_loop(gqa, pipe):
     # benchmarks/cuda_sass_count.py's walk of the loop's common path: a 32-token step is 16 QK and 16

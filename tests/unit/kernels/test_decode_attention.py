@@ -39,7 +39,8 @@ def test_decode_matches_reference(seed, d, g):
                                                                 (16, torch.float32, True)])
 def test_decode_groups_and_scale_dtypes(seed, group_size, scale_dtype, head_major):
     kv, seg = random_mixed_cache([50, 9], [3, 20], 2, 64, group_size=group_size, scale_dtype=scale_dtype,
-                                 bf16_page_size=16, seed=seed, head_major_scales=head_major)
+                                 bf16_page_size=16, seed=seed, head_major_scales=head_major,
+                                 head_major_codes=head_major)
     q = torch.randn(2, 8, 64)
     out = int2_decode_attention(q, kv, seg, num_splits=2, block_n=32, precision="ieee")
     assert_close_verbose(out, decode_attention_reference(q, kv, seg), *TOLERANCES["ieee"], what=str(group_size))
@@ -204,7 +205,7 @@ def test_fused_rotate_and_int2_append_equals_the_write_kernels(seed, scale_dtype
     int2, bf16 = [40, 0, 77, 16], [13, 1, 9, 0]  # request 3: INT2 copy only (no BF16-tier slot)
     b, hkv, d = len(int2), 2, 64
     kv, seg = random_mixed_cache(int2, bf16, hkv, d, scale_dtype=scale_dtype, key_bits=key_bits, seed=seed,
-                                 head_major_scales=head_major)
+                                 head_major_scales=head_major, head_major_codes=head_major)
     shape = (hkv, d, d) if per_head else (d, d)
     r_k, r_v = (torch.randint(-4, 5, shape).float() / 4 for _ in "kv")
     k_new, v_new = (torch.randint(-32, 33, (b, hkv, d)).float() / 8 for _ in "kv")

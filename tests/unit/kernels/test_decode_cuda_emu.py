@@ -6,6 +6,7 @@ runs the launcher's own plan (decode_cuda.launch_plan).  So CI checks the kernel
 that it compiles (test_compile_cuda_sm90.py); tests/gpu runs the same checks on the hardware.
 """
 
+import numpy as np
 import pytest
 import torch
 
@@ -40,10 +41,10 @@ def cuda_tier(monkeypatch):
     return options
 
 
-def _cache(g, page, int2, bf16, seed, head_major_scales=False):
+def _cache(g, page, int2, bf16, seed, head_major_scales=False, head_major_codes=False):
     hkv = 2 if g < 8 else 1
     kv, seg = random_mixed_cache(int2, bf16, hkv, D, int2_page_size=page, scale_dtype=torch.float16, seed=seed,
-                                 head_major_scales=head_major_scales)
+                                 head_major_scales=head_major_scales, head_major_codes=head_major_codes)
     return kv, seg, torch.randn(len(int2), hkv * g, D)
 
 
@@ -61,14 +62,18 @@ def test_cuda_tier_matches_reference(cuda_tier, seed, g, page):
         assert_close_verbose(out, ref, *BF16_TOL, what=f"g={g} page={page} splits={splits}")
 
 
-@pytest.mark.parametrize("g, page, pipe", [(4, 8, None), (4, 64, None), (3, 16, 0)])
-def test_cuda_tier_head_major_scales(cuda_tier, seed, g, page, pipe):
-    # (s, z) stored [page, kv_head, token, 2]: the kernel takes the scales' token and head strides
-    kv, seg, q = _cache(g, page, INT2, BF16, seed, head_major_scales=True)
+@pytest.mark.parametrize("g, page, pipe, codes, half_rows", [(4, 8, None, False, False), (4, 64, None, True, False),
+                                                           (3, 16, 0, True, False), (4, 8, None, True, True)])
+def test_cuda_tier_head_major_pages(cuda_tier, seed, g, page, pipe, codes, half_rows):
+    # (s, z) stored [page, kv_head, token, 2], and the code rows too where `codes`: the kernel takes
+    # the token strides as compile-time constants and the head strides as arguments
+    kv, seg, q = _cache(g, page, INT2, BF16, seed, head_major_scales=True, head_major_codes=codes)
     assert kv.k_scales.stride(1) == 2 and not kv.k_scales.is_contiguous()
-    cuda_tier.update(pipe=pipe)
+    assert (kv.k_codes.stride(1) == D // 4) == codes
+    cuda_tier.update(pipe=pipe, half_rows=half_rows)
     out = int2_decode_attention(q, kv, seg, num_splits=3, bf16_splits=2)
-    assert_close_verbose(out, decode_attention_reference(q, kv, seg), *BF16_TOL, what=f"page {page} pipe {pipe}")
+    assert_close_verbose(out, decode_attention_reference(q, kv, seg), *BF16_TOL,
+                         what=f"page {page} pipe {pipe} codes {codes}")
 
 
 @pytest.mark.parametrize("opts", [{"warps": 1}, {"warps": 2}, {"warps": 8}, {"shiftless": 0}, {"shiftless": 1}, {"half_rows": True}, {"half_rows": True, "warps": 2, "pipe": 6},
@@ -95,12 +100,12 @@ def test_running_max_that_keeps_rising(cuda_tier, seed, pipe):
     assert_close_verbose(out, decode_attention_reference(q, kv, seg), *BF16_TOL, what=f"pipe {pipe}")
 
 
-def _partials(q, kv, seg, splits, pipe, early, warps=4, half_rows=False):
+def _partials(q, kv, seg, splits, pipe, early, warps=4, half_rows=False, read_only=False, fill=float("nan")):
     b, hq, _ = q.shape
-    mid_o = torch.full((b, hq, splits, D), float("nan"))
-    mid_lse = torch.full((b, hq, splits), float("nan"))
+    mid_o = torch.full((b, hq, splits, D), fill)
+    mid_lse = torch.full((b, hq, splits), fill)
     plan = decode_cuda.launch_plan(q, kv, kv.geometry(), seg, mid_o, mid_lse, LOG2E / D**0.5, splits,
-                                   warps=warps, pipe=pipe, half_rows=half_rows)
+                                   warps=warps, pipe=pipe, half_rows=half_rows, read_only=read_only)
     cuda_emu.run(plan, early)
     return mid_o, mid_lse
 
@@ -132,3 +137,35 @@ def test_partial_rows_are_per_split_softmax(seed):
                         torch.zeros(1, dtype=torch.int32))
         ref = decode_attention_reference(q, kv, sub)
         assert_close_verbose(o[0, :, s], ref[0], *BF16_TOL, what=f"split {s}")
+
+
+def _xor(words: torch.Tensor) -> int:
+    return int(np.bitwise_xor.reduce(words.flatten().numpy().view(np.uint32), initial=np.uint32(0)))
+
+
+@pytest.mark.parametrize("pipe, warps, half_rows, codes", [(4, 4, False, False), (3, 2, True, False),
+                                                          (4, 4, False, True), (4, 4, True, True)])
+def test_read_only_ring_reads_every_byte_of_the_tier(seed, pipe, warps, half_rows, codes):
+    # the benchmarks' copy ceiling (read_only) runs the ring's copies without the attention; its
+    # per-warp checksums XOR to the XOR of each request's and head's code rows and (s, z) pairs, so
+    # a copy that misses a page, a token or a byte, or reads past the tier, changes the sum
+    int2 = [1000, 40, 0, 1, 31, 257]
+    kv, seg, q = _cache(4, 8, int2, [0] * len(int2), seed, head_major_scales=codes, head_major_codes=codes)
+    splits = 5
+    o, lse = _partials(q, kv, seg, splits, pipe, False, warps, half_rows, read_only=True, fill=0.0)
+    assert (lse == 0).all() and (o[:, :, :, warps:] == 0).all()  # nothing else is written
+    for b, n in enumerate(int2):
+        pages = seg.int2_page_table[b, :(n + 7) // 8].long()
+        for kh in range(kv.k_codes.shape[2]):
+            want = 0
+            for t in (kv.k_codes, kv.v_codes, kv.k_scales, kv.v_scales):
+                rows = t[pages, :, kh].flatten(0, 1)[:n].contiguous()
+                want ^= _xor(rows.view(torch.uint8).view(-1, 4).view(torch.int32))
+            got = _xor(o[b, kh * 4, :, :warps].contiguous().view(torch.int32))
+            assert got == want, f"request {b} (n {n}) head {kh}: {got:#x} != {want:#x}"
+
+
+def test_read_only_needs_the_ring(seed):
+    kv, seg, q = _cache(4, 8, [100], [0], seed)
+    with pytest.raises(ValueError, match="read_only"):
+        _partials(q, kv, seg, 2, 0, False, read_only=True)

@@ -56,8 +56,8 @@ def _slots(n, n_pages, consecutive_from=None):
 def _pages(n_pages, h, d, groups, scale_dtype, bits=2, head_major=False):
     codes = torch.full((n_pages, PAGE, h, d * bits // 8), SENTINEL, dtype=torch.uint8)
     scales = torch.full((n_pages, PAGE, h, 2 * groups), -7.0, dtype=scale_dtype)
-    if head_major:  # same logical [page, token, head, 2G], stored [page, head, token, 2G]
-        scales = scales.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3)
+    if head_major:  # same logical [page, token, head, ...], stored [page, head, token, ...]
+        codes, scales = (x.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3) for x in (codes, scales))
     return codes, scales
 
 
@@ -259,15 +259,16 @@ def test_write_argument_errors():
 
 
 @pytest.mark.parametrize("two_pass", [False, True])
-def test_head_major_scales_write_and_demote(seed, two_pass):
-    # the writers address (s, z) through its strides: a head-major store gets the same logical values
+def test_head_major_pages_write_and_demote(seed, two_pass):
+    # the writers address codes and (s, z) through their strides: a head-major store gets the same
+    # logical values
     h, d, n_pages, n = 3, 64, 10, 29
     k, v = _special_rows(_dyadic(n, h, d)), _dyadic(n, h, d)
     rk = _rotation("per_head", h, d)
     pid, off, flat = _slots(n, n_pages)
     kc, ks = _pages(n_pages, h, d, 1, torch.float16, head_major=True)
     vc, vs = _pages(n_pages, h, d, 1, torch.float16, head_major=True)
-    assert ks.stride()[1:3] == (2, 2 * PAGE)
+    assert ks.stride()[1:3] == (2, 2 * PAGE) and kc.stride()[1:3] == (d // 4, d // 4 * PAGE)
     int2_write_kv(k, v, rk, None, 0.9, 0.5, pid, off, kc, ks, vc, vs, two_pass=two_pass)
     _check_written(kc, ks, flat, *int2_write_reference(k, rk, 0.9, None, torch.float16))
     _check_written(vc, vs, flat, *int2_write_reference(v, None, 0.5, None, torch.float16))
