@@ -10,7 +10,9 @@ warp-instructions per token of one KV head.  With the H200's 4 schedulers x 132 
 72 bytes per token-head (codes + fp16 scales), an issue rate r per scheduler-cycle bounds the
 kernel at r x 1.045e12 / n x 72 B/s (n instructions per token-head):
 
-    .venv/bin/python benchmarks/cuda_sass_count.py [--configs 4:8:4:0 4:8:4:4 ...]   (gqa:page:warps:pipe)
+    .venv/bin/python benchmarks/cuda_sass_count.py [--configs 4:8:4:0 4:8:4:4 ...]   (gqa:page:warps:pipe[:copies])
+
+copies (ring only): 0 one token per lane (default), 1 half_rows, 2 bulk (head-major pages, cp.async.bulk).
 """
 
 from __future__ import annotations
@@ -116,15 +118,17 @@ def _class(op: str) -> str:
     return "int/other"
 
 
-def report(gqa: int, page: int, warps: int, pipe: int) -> str:
-    listing, regs = sass(decode_cuda.kernel_source(gqa, page, warps, pipe=pipe))
+def report(gqa: int, page: int, warps: int, pipe: int, copies: int = 0) -> str:
+    bulk = copies == 2
+    listing, regs = sass(decode_cuda.kernel_source(gqa, page, warps, pipe=pipe, half_rows=copies == 1, bulk=bulk,
+                                                   code_tok=32 if bulk else 256, scale_tok=2 if bulk else 16))
     path = loop_path(listing)
     tokens = decode_cuda.STEP * (1 if pipe else 2)  # the register path's loop body is two steps
     per = len(path) / tokens
     classes = collections.Counter(_class(op) for op in path)
     mix = ", ".join(f"{k} {v / tokens:.2f}" for k, v in classes.most_common())
     bound = lambda r: r * ISSUE_PER_S / per * BYTES_PER_TOKEN_HEAD / 1e12  # noqa: E731
-    return (f"| {gqa}:{page}:{warps}:{pipe} | {regs} | {len(path)} / {tokens} | {per:.1f} | "
+    return (f"| {gqa}:{page}:{warps}:{pipe}:{copies} | {regs} | {len(path)} / {tokens} | {per:.1f} | "
             f"{bound(1.0):.2f} / {bound(0.43):.2f} | {mix} |")
 
 
@@ -132,7 +136,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--configs", nargs="+", default=["4:8:4:0", "4:8:4:4", "4:8:4:3", "12:8:4:0", "4:8:2:6"])
     args = p.parse_args()
-    print("| gqa:page:warps:pipe | registers | loop path instr / tokens | per token-head | TB/s at 1.0 / 0.43 "
+    print("| gqa:page:warps:pipe:copies | registers | loop path instr / tokens | per token-head | TB/s at 1.0 / 0.43 "
           "issue per scheduler-cycle | per token-head by class |")
     print("|---|---|---|---|---|---|")
     for c in args.configs:

@@ -40,12 +40,13 @@ if has ncu && command -v ncu > /dev/null; then
     --section SchedulerStats --section WarpStateStats --section MemoryWorkloadAnalysis \
     python3 benchmarks/ncu_decode.py 8 131072 128 4 3 16
 fi
-# 5. A/B of the INT2 tier in one run: whole-sector ring copies (half_rows 1) vs one token per lane,
-#    the pools' token-major pages against codes and (s, z) stored head-major (one KV head's rows of a
-#    page one 256-B run: DRAM locality), and each ring config's copies alone (--ceiling: read_only,
-#    no attention), which says whether the load path or the compute holds the kernel at ~1.8 TB/s
-#    (~300-450 s; SWEEP_LIMIT / SWEEP_CONFIGS / SWEEP_SHAPES / SWEEP_LAYOUTS narrow it to fit beside other steps)
+# 5. A/B of the INT2 tier in one run: ring copies one token per lane (copies 0), whole sectors
+#    (1: half_rows) or one cp.async.bulk per page run (2: bulk, head-major pages only); the pools'
+#    token-major pages against codes and (s, z) stored head-major (one KV head's rows of a page one
+#    256-B run); and each config's copies alone (--ceiling: read_only, no attention), which says
+#    whether the load path or the compute holds the kernel at ~1.8 TB/s (30 rows, ~300-400 s;
+#    SWEEP_LIMIT / SWEEP_CONFIGS / SWEEP_SHAPES / SWEEP_LAYOUTS narrow it to fit beside other steps)
 has sweep && step cuda_sweep "${SWEEP_LIMIT:-420}" python3 benchmarks/decode_cuda_sweep.py --no-triton --skip-check \
-  --ceiling --layouts ${SWEEP_LAYOUTS:-token head-pages} --configs ${SWEEP_CONFIGS:-4:0:0:2:4:0 4:0:0:2:4:1 2:0:0:2:6:1} \
+  --ceiling --layouts ${SWEEP_LAYOUTS:-token head-pages} --configs ${SWEEP_CONFIGS:-4:0:0:2:4:0 4:0:0:2:4:1 4:0:0:2:4:2} \
   --shapes ${SWEEP_SHAPES:-8x131072 8x65536 1x16384} --out "$OUT/cuda.md"
 exit 0

@@ -31,3 +31,23 @@ def save_random_rotations(path, n_layers: int, head_dim: int, n_kv_heads: int, a
                      torch.full((n_layers,), 0.92), manifest={"n_kv_heads": n_kv_heads, "architecture": architecture})
     rs.save(path)
     return str(path)
+
+
+def int2_tier_checksums(kv, seg) -> dict[tuple[int, int], int]:
+    """XOR of every 32-bit word of each (request, KV head)'s INT2-tier code rows and (s, z) pairs, K
+    and V: what decode_cuda's read_only ring must sum to over its CTAs and warps."""
+    import numpy as np
+
+    out = {}
+    lens, table = seg.int2_lens.tolist(), seg.int2_page_table.cpu()
+    page = kv.k_codes.shape[1]
+    tensors = [t.cpu() for t in (kv.k_codes, kv.v_codes, kv.k_scales, kv.v_scales)]
+    for b, n in enumerate(lens):
+        pages = table[b, :(n + page - 1) // page].long()
+        for kh in range(kv.k_codes.shape[2]):
+            x = np.uint32(0)
+            for t in tensors:
+                rows = t[pages, :, kh].flatten(0, 1)[:n].contiguous()
+                x ^= np.bitwise_xor.reduce(rows.view(torch.uint8).numpy().view(np.uint32).ravel(), initial=np.uint32(0))
+            out[(b, kh)] = int(x)
+    return out

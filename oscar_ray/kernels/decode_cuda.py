@@ -20,7 +20,8 @@ on load and undone when O is stored:
 Scores use the one-group algebra of _attn_tiles._int2_step: s·(q·(c+128) − (z+128)·Σq) and
 p·v = (p∘s)·(c+128) − Σ p s (z+128).  A CTA of WARPS warps takes one split; warp w takes its
 32-token steps w, w + WARPS, …, with the next step's bytes in flight (in registers, or with
-pipe = P in a cp.async ring of P steps in shared memory); the warps' online-softmax
+pipe = P in a cp.async ring of P steps in shared memory, refilled per lane or, with bulk on
+head-major pages, by one cp.async.bulk per page run on an mbarrier per slot); the warps' online-softmax
 states merge in shared memory into the same (mid_o, mid_lse) rows as the Triton stage 1, so the
 BF16 tier and the merge stay the Triton kernels of decode_attention.py.
 The source is int2_decode.cu (+ int2_primitives.cu, its PTX primitives and unpack); only NVRTC
@@ -67,13 +68,15 @@ def _min_blocks(nt: int, warps: int, pipe: int = 0) -> int:
 
 def kernel_source(gqa: int, page: int, warps: int, min_blocks: int | None = None, shiftless: int = 2,
                   code_tok: int = 256, scale_tok: int = 16, pipe: int = 0, half_rows: bool = False,
-                  read_only: bool = False) -> str:
+                  read_only: bool = False, bulk: bool = False) -> str:
     """CUDA source of one specialisation (GQA ratio, INT2 page size, warps per CTA, min CTAs per SM,
     the unpack (shiftless 0: a shift per code, 1: bf16 masks in place, 2: and the keys' MMAs in fp16,
     one shift per key word), the token strides of codes (bytes) and scales (elements), the ring's
-    depth and copy mapping, and read_only: the ring's copies alone, for benchmarks' ceiling)."""
-    if read_only and not pipe:
-        raise ValueError("read_only needs the cp.async ring (pipe >= 3)")
+    depth and copy mapping (bulk: one cp.async.bulk per page run), and read_only: the ring's copies
+    alone, for benchmarks' ceiling)."""
+    for flag, on in (("read_only", read_only), ("bulk", bulk)):
+        if on and not pipe:
+            raise ValueError(f"{flag} needs the cp.async ring (pipe >= 3)")
     nt = -(-gqa // 8)
     min_blocks = min_blocks or _min_blocks(nt, warps, pipe)
     return (_SOURCE.replace("__NT__", str(nt)).replace("__G__", str(gqa)).replace("__PAGE__", str(page))
@@ -81,17 +84,17 @@ def kernel_source(gqa: int, page: int, warps: int, min_blocks: int | None = None
             .replace("__SHIFTLESS__", str(int(shiftless))).replace("__C_TOK__", str(code_tok))
             .replace("__S_TOK__", str(scale_tok)).replace("__PIPE__", str(pipe))
             .replace("__STEP_BYTES__", str(STEP_BYTES)).replace("__HALF_ROWS__", str(int(half_rows)))
-            .replace("__READ_ONLY__", str(int(read_only))))
+            .replace("__READ_ONLY__", str(int(read_only))).replace("__BULK__", str(int(bulk))))
 
 
 @functools.lru_cache(maxsize=None)
 def _kernel(gqa: int, page: int, warps: int, min_blocks: int | None, shiftless: int = 2, code_tok: int = 256,
             scale_tok: int = 16, pipe: int = 0, half_rows: bool = False, read_only: bool = False,
-            device: int | None = None):
+            bulk: bool = False, device: int | None = None):
     # a CUfunction belongs to the context it was loaded in: one module per device
     with torch.cuda.device(torch.cuda.current_device() if device is None else device):
         return torch.cuda._compile_kernel(kernel_source(gqa, page, warps, min_blocks, shiftless, code_tok,
-                                                        scale_tok, pipe, half_rows, read_only), KERNEL_NAME,
+                                                        scale_tok, pipe, half_rows, read_only, bulk), KERNEL_NAME,
                                           nvcc_options=["-std=c++17"])
 
 
@@ -151,7 +154,7 @@ class CudaLaunch:
     """One launch of the kernel: its specialisation (kernel_source's arguments), grid, block and
     arguments in the kernel's order (tensors, then qk_scale, then the int32 strides and counts)."""
 
-    source_args: tuple  # (gqa, page, warps, min_blocks, shiftless, code_tok, scale_tok, pipe, half_rows, read_only)
+    source_args: tuple  # kernel_source's arguments, positional (min_blocks, ..., half_rows, read_only, bulk)
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
     tensors: tuple  # q, k codes, k scales, v codes, v scales, table, lens, mid_o, mid_lse
@@ -159,13 +162,30 @@ class CudaLaunch:
     ints: tuple  # sqb, sqh, c_page, c_head, s_page, s_head, s_table, n_q_heads, total_splits, n_splits
 
 
+def _check_bulk(kv: PagedKV, page: int) -> None:
+    # a run is a page (<= 32 tokens) or a 32-token part of one; cp.async.bulk moves 16-byte multiples
+    # between 16-byte aligned addresses: d/4 = 32 code bytes and 4 (s, z) bytes a token, runs of >= 8
+    c, s = kv.k_codes.stride(), kv.k_scales.stride()
+    if c[1] != 32 or s[1] != 2:
+        raise ValueError(f"bulk needs head-major pages (token strides 32 code bytes / 2 scale elements), "
+                         f"got {c[1]} / {s[1]}")
+    if not (32 % page == 0 if page <= 32 else page % 32 == 0):
+        raise ValueError(f"bulk needs a page size dividing 32 or a multiple of 32, got {page}")
+    one = kv.k_codes.shape[2] == 1  # a size-1 head dimension's stride is never used
+    if (s[0] % 8 or c[0] % 16 or not one and (s[2] % 8 or c[2] % 16)
+            or any(t.data_ptr() % 16 for t in (kv.k_codes, kv.v_codes, kv.k_scales, kv.v_scales))):
+        raise ValueError("bulk needs 16-byte aligned page and head strides and tensors")
+
+
 def launch_plan(q: torch.Tensor, kv: PagedKV, geo: KVGeometry, seg: Segments, mid_o: torch.Tensor,
                 mid_lse: torch.Tensor, qk_scale: float, n_splits: int, warps: int = 4, min_blocks: int | None = None,
                 shiftless: int = 2, pipe: int | None = None, half_rows: bool = False,
-                read_only: bool = False) -> CudaLaunch:
+                read_only: bool = False, bulk: bool = False) -> CudaLaunch:
     """What int2_tier_cuda launches (device-independent: the CPU emulator of tests/unit/kernels runs
     the same plan); raises the ValueErrors int2_tier_cuda documents.  read_only (benchmarks only):
-    the ring's copies without the attention; mid_o gets one checksum word per warp, not partials."""
+    the ring's copies without the attention; mid_o gets one checksum word per warp, not partials.
+    bulk (sm_90): the ring refilled by one cp.async.bulk per page run, for head-major codes and (s, z)
+    (a KV head's rows of a page contiguous) and pages of 8-32 tokens or multiples of 32."""
     b, hq, d = q.shape
     gqa = hq // geo.n_kv_heads
     if q.dtype != torch.float32 or q.stride(2) != 1:
@@ -185,13 +205,15 @@ def launch_plan(q: torch.Tensor, kv: PagedKV, geo: KVGeometry, seg: Segments, mi
     if pipe not in (0, 3, 4, 5, 6) or warps * pipe * STEP_BYTES > RING_BYTES:
         raise ValueError(f"pipe must be 0 or 3-6 steps with warps x pipe x {STEP_BYTES} B <= 48 KB of static "
                          f"shared memory, got pipe {pipe} at {warps} warps")
-    if read_only and not pipe:
-        raise ValueError("read_only needs the cp.async ring (pipe >= 3)")
+    if (read_only or bulk) and not pipe:
+        raise ValueError(f"{'read_only' if read_only else 'bulk'} needs the cp.async ring (pipe >= 3)")
+    if bulk:
+        _check_bulk(kv, geo.int2_page_size)
     ints = (q.stride(0), q.stride(1), c[0], c[2], s[0], s[2], table.stride(0), hq, total, n_splits)
     if max(ints) >= 2**31:  # the kernel's stride / count parameters are 32-bit (offsets are 64-bit)
         raise ValueError(f"a stride or count does not fit the CUDA kernel's int32 parameters: {ints}")
     return CudaLaunch((gqa, geo.int2_page_size, warps, min_blocks, shiftless, c[1], s[1], pipe, bool(half_rows),
-                       bool(read_only)),
+                       bool(read_only), bool(bulk)),
                       (b, geo.n_kv_heads, n_splits), (32 * warps, 1, 1),
                       (q, kv.k_codes, kv.k_scales, kv.v_codes, kv.v_scales, table, seg.int2_lens, mid_o, mid_lse),
                       float(qk_scale), ints)
@@ -200,15 +222,17 @@ def launch_plan(q: torch.Tensor, kv: PagedKV, geo: KVGeometry, seg: Segments, mi
 def int2_tier_cuda(q: torch.Tensor, kv: PagedKV, geo: KVGeometry, seg: Segments, mid_o: torch.Tensor,
                    mid_lse: torch.Tensor, qk_scale: float, n_splits: int, warps: int = 4, min_blocks: int | None = None,
                    shiftless: int = 2, pipe: int | None = None, half_rows: bool = False,
-                   read_only: bool = False) -> None:
+                   read_only: bool = False, bulk: bool = False) -> None:
     """Partials of the INT2 tier into rows [0, n_splits) of mid_o [B, Hq, total, 128] / mid_lse.
 
     q [B, Hq, 128] in the rotated K basis (any float dtype; read as fp32); geo = kv.geometry(), as
     the caller validated it (not re-read per layer and step).  Callers check cuda_unsupported()
     first; this launcher checks only what the kernel would silently misread.
     """
+    if bulk and torch.cuda.get_device_capability(q.device) < (9, 0):
+        raise ValueError("bulk needs sm_90+ (cp.async.bulk and mbarrier tx counts)")
     plan = launch_plan(q, kv, geo, seg, mid_o, mid_lse, qk_scale, n_splits, warps, min_blocks, shiftless, pipe,
-                       half_rows, read_only)
+                       half_rows, read_only, bulk)
     kernel = _kernel(*plan.source_args, q.device.index)
     kernel(grid=plan.grid, block=plan.block, args=[*plan.tensors, plan.qk_scale, *plan.ints],
            stream=torch.cuda.current_stream(q.device))

@@ -13,6 +13,7 @@ typedef unsigned int u32;
 #define PIPE __PIPE__
 #define HALF_ROWS __HALF_ROWS__
 #define READ_ONLY __READ_ONLY__  // benchmarks' copy ceiling: the ring's copies and waits, no attention
+#define BULK __BULK__  // ring refills by cp.async.bulk, one per page run (head-major pages, sm_90)
 #define STEP_BYTES __STEP_BYTES__
 #define S_TOK __S_TOK__
 #define D 128
@@ -72,6 +73,9 @@ oscar_int2_decode_d128(const float* __restrict__ q, const unsigned char* __restr
     __shared__ __align__(16) unsigned char sh_raw[(WARPS * PIPE * STEP_BYTES > WARPS * 8 * NT * D * 4)
                                                   ? WARPS * PIPE * STEP_BYTES : WARPS * 8 * NT * D * 4];
     float (*sh_o)[8 * NT][D] = reinterpret_cast<float (*)[8 * NT][D]>(sh_raw);
+#if BULK
+    __shared__ bar_t sh_bar[WARPS][PIPE];  // slot j of warp w is full when phase k of its barrier completes
+#endif
 #else
     __shared__ float sh_o[WARPS][8 * NT][D];
 #endif
@@ -292,16 +296,33 @@ oscar_int2_decode_d128(const float* __restrict__ q, const unsigned char* __restr
     // so each cp.async.cg instruction reads 16 whole 32-byte sectors instead of half of 32 sectors
     // (L1 is bypassed: the two halves of a sector were two L2 requests); its (s, z) copies take token
     // L >> 1 (+ 16), K pairs in even lanes and V pairs in odd.  Else lane L copies token L.
+    // BULK: with head-major pages a KV head's tokens of a page are contiguous: 32 / SEG runs of SEG
+    // tokens per step, lane L copying part L & 3 (K codes, V codes, K (s, z), V (s, z)) of run L >> 2
+    // with one cp.async.bulk (16 copies per step at page 8 instead of 192 per-lane cp.async); lane 0's
+    // arrive.expect_tx tells the slot's barrier how many bytes complete the step.
+    constexpr int SEG = PAGE < 32 ? PAGE : 32;
     struct Pages { int a, b; };
     auto page_of = [&](const int i) {
         const int n0 = start + warp * 32 + i * stride;
-        const int na = n0 + (HALF_ROWS ? (lane >> 1) : lane), nb = na + 16;
+        const int na = n0 + (BULK ? (lane >> 2) * SEG : HALF_ROWS ? (lane >> 1) : lane), nb = na + 16;
         return Pages{na < end ? trow[na / PAGE] : 0, (HALF_ROWS && nb < end) ? trow[nb / PAGE] : 0};
     };
     auto issue = [&](const int i, const Pages pg) {  // step i of this warp -> slot i % PIPE
         const int n0 = start + warp * 32 + i * stride;
         unsigned char* slot = ring + (i % PIPE) * STEP_BYTES;
-#if HALF_ROWS
+#if BULK
+        const int runs = min(32 / SEG, (end - n0 + SEG - 1) / SEG);  // runs holding a token < end
+        if (runs <= 0) return;  // past the split's end: nothing copied, the slot's barrier not armed
+        bar_t* bar = &sh_bar[warp][i % PIPE];
+        if (lane == 0) bar_expect(bar, runs * SEG * 72);
+        const int r = lane >> 2, part = lane & 3, o = (n0 + r * SEG) % PAGE;
+        if (r < runs) {
+            const long long p = pg.a;
+            if (part < 2) bulk(slot + 1024 * part + r * SEG * 32, (part ? vr : kr) + p * c_page + o * C_TOK, SEG * 32, bar);
+            else bulk(slot + 2048 + 128 * (part - 2) + r * SEG * 4, (part == 2 ? ksr : vsr) + p * s_page + o * S_TOK,
+                      SEG * 4, bar);
+        }
+#elif HALF_ROWS
         const int h = lane & 1;
 #pragma unroll
         for (int part = 0; part < 2; ++part) {
@@ -326,8 +347,24 @@ oscar_int2_decode_d128(const float* __restrict__ q, const unsigned char* __restr
         cp4(slot + 2048 + lane * 4, ksr + (long long)pg.a * s_page + o * S_TOK, on);
         cp4(slot + 2176 + lane * 4, vsr + (long long)pg.a * s_page + o * S_TOK, on);
 #endif
+#if !BULK
         cp_commit();
+#endif
     };
+    auto wait_step = [&](const int i) {  // step i's bytes have landed in slot i % PIPE
+#if BULK
+        bar_wait(&sh_bar[warp][i % PIPE], (i / PIPE) & 1);  // phase i / PIPE of the slot's barrier
+#else
+        cp_wait<PIPE - 2>();
+#endif
+    };
+#if BULK
+    if (lane == 0) {
+        for (int j = 0; j < PIPE; ++j) bar_init(&sh_bar[warp][j], 1);
+        bar_init_fence();
+    }
+    __syncwarp();
+#endif
     const int steps = (end - (start + warp * 32) + stride - 1) / stride;  // may be <= 0
 #pragma unroll
     for (int i = 0; i < PIPE - 1; ++i) issue(i, page_of(i));
@@ -338,7 +375,7 @@ oscar_int2_decode_d128(const float* __restrict__ q, const unsigned char* __restr
     // it); the warp's sum goes to mid_o[row of head 0][warp] as bits, and nothing else is written.
     u32 chk = 0;
     for (int i = 0; i < steps; ++i) {
-        cp_wait<PIPE - 2>();
+        wait_step(i);
         __syncwarp();
         const unsigned char* slot = ring + (i % PIPE) * STEP_BYTES;
         if (start + warp * 32 + i * stride + lane < end) {
@@ -358,7 +395,7 @@ oscar_int2_decode_d128(const float* __restrict__ q, const unsigned char* __restr
     return;
 #endif
     for (int i = 0; i < steps; ++i) {
-        cp_wait<PIPE - 2>();
+        wait_step(i);
         __syncwarp();
         const unsigned char* slot = ring + (i % PIPE) * STEP_BYTES;
         Tile T[2];

@@ -55,6 +55,27 @@ __device__ __forceinline__ float2 halves(u32 x) {  // fp16 (s, z) pair -> floats
 }
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;"); }
 template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;" :: "n"(N)); }
+// BULK (sm_90): one cp.async.bulk per contiguous run, completing on the slot's mbarrier (tx bytes)
+typedef unsigned long long bar_t;
+__device__ __forceinline__ void bar_init(bar_t* bar, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"((u32)__cvta_generic_to_shared(bar)), "r"(count));
+}
+__device__ __forceinline__ void bar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
+__device__ __forceinline__ void bar_expect(bar_t* bar, u32 bytes) {  // this thread's arrival + the phase's bytes
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
+                 :: "r"((u32)__cvta_generic_to_shared(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void bar_wait(bar_t* bar, u32 parity) {  // until the phase of this parity completed
+    asm volatile("{.reg .pred p; WAIT_%=: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1; @!p bra WAIT_%=;}"
+                 :: "r"((u32)__cvta_generic_to_shared(bar)), "r"(parity) : "memory");
+}
+__device__ __forceinline__ void bulk(void* dst, const void* src, u32 bytes, bar_t* bar) {
+    // the generic-proxy reads of the slot's last use are ordered before this async-proxy write
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 :: "r"((u32)__cvta_generic_to_shared(dst)), "l"(src), "r"(bytes),
+                    "r"((u32)__cvta_generic_to_shared(bar)) : "memory");
+}
 #endif  // OSCAR_CPU_EMU
 __device__ __forceinline__ float bf16_lo(u32 x) { return __uint_as_float(x << 16); }
 __device__ __forceinline__ float bf16_hi(u32 x) { return __uint_as_float(x & 0xffff0000u); }

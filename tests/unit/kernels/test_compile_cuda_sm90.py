@@ -71,11 +71,27 @@ def test_cuda_decode_compiles_for_sm90_without_spills(tmp_path, gqa, page, warps
     assert regs <= 65536 // (32 * warps * decode_cuda._min_blocks(nt, warps, pipe)), info
 
 
-@pytest.mark.parametrize("half_rows", [False, True])
-def test_read_only_ceiling_compiles_for_sm90(half_rows):
+@pytest.mark.parametrize("half_rows, bulk", [(False, False), (True, False), (False, True)])
+def test_read_only_ceiling_compiles_for_sm90(half_rows, bulk):
     # the benchmarks' copy ceiling must build for the card it is meant to measure
-    ptx = _compile(_nvrtc(), decode_cuda.kernel_source(4, 8, 4, pipe=4, half_rows=half_rows, read_only=True))
-    assert decode_cuda.KERNEL_NAME.encode() in ptx and b"cp.async.cg" in ptx and b"mma.sync" not in ptx
+    ptx = _compile(_nvrtc(), decode_cuda.kernel_source(4, 8, 4, code_tok=32 if bulk else 256, scale_tok=2 if bulk else 16,
+                                                       pipe=4, half_rows=half_rows, read_only=True, bulk=bulk))
+    assert decode_cuda.KERNEL_NAME.encode() in ptx and b"mma.sync" not in ptx
+    assert (b"cp.async.bulk" in ptx) == bulk and (b"cp.async.cg" in ptx) != bulk
+
+
+@pytest.mark.parametrize("gqa, page, warps, pipe", [(4, 8, 4, 4), (4, 64, 4, 4), (12, 16, 4, 3), (1, 32, 2, 6)])
+def test_bulk_ring_compiles_for_sm90_without_spills(tmp_path, gqa, page, warps, pipe):
+    # cp.async.bulk + mbarrier tx counts are sm_90 PTX: ptxas checks the asm, and the registers fit
+    ptx = _compile(_nvrtc(), decode_cuda.kernel_source(gqa, page, warps, code_tok=32, scale_tok=2, pipe=pipe, bulk=True))
+    assert b"cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes" in ptx and b"cp.async.cg" not in ptx
+    (tmp_path / "k.ptx").write_bytes(ptx)
+    out = subprocess.run([_ptxas(), "-arch=sm_90", "-v", "-o", str(tmp_path / "k.cubin"), str(tmp_path / "k.ptx")],
+                         capture_output=True, text=True, check=True)
+    info = out.stdout + out.stderr
+    regs = int(re.search(r"Used (\d+) registers", info).group(1))
+    assert [int(x) for x in re.findall(r"(\d+) bytes spill (?:stores|loads)", info)] == [0, 0], info
+    assert regs <= 65536 // (32 * warps * decode_cuda._min_blocks(-(-gqa // 8), warps, pipe)), info
 
 
 @pytest.mark.parametrize("gqa, pipe", [(4, 0), (4, 4), (12, 0)])

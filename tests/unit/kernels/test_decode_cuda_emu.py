@@ -15,7 +15,7 @@ from oscar_ray.kernels import decode_cuda, int2_decode_attention
 from oscar_ray.kernels.reference import decode_attention_reference
 from oscar_ray.kernels.synthetic import random_mixed_cache
 from tests.unit.kernels import cuda_emu
-from tests.utils import assert_close_verbose
+from tests.utils import assert_close_verbose, int2_tier_checksums
 
 pytestmark = pytest.mark.skipif(cuda_emu.available() is not None, reason=str(cuda_emu.available()))
 D = 128
@@ -62,18 +62,20 @@ def test_cuda_tier_matches_reference(cuda_tier, seed, g, page):
         assert_close_verbose(out, ref, *BF16_TOL, what=f"g={g} page={page} splits={splits}")
 
 
-@pytest.mark.parametrize("g, page, pipe, codes, half_rows", [(4, 8, None, False, False), (4, 64, None, True, False),
-                                                           (3, 16, 0, True, False), (4, 8, None, True, True)])
-def test_cuda_tier_head_major_pages(cuda_tier, seed, g, page, pipe, codes, half_rows):
+@pytest.mark.parametrize("g, page, pipe, codes, half_rows, bulk", [
+    (4, 8, None, False, False, False), (4, 64, None, True, False, False), (3, 16, 0, True, False, False),
+    (4, 8, None, True, True, False), (4, 8, None, True, False, True), (12, 32, 3, True, False, True),
+    (1, 64, 5, True, False, True)])
+def test_cuda_tier_head_major_pages(cuda_tier, seed, g, page, pipe, codes, half_rows, bulk):
     # (s, z) stored [page, kv_head, token, 2], and the code rows too where `codes`: the kernel takes
     # the token strides as compile-time constants and the head strides as arguments
     kv, seg, q = _cache(g, page, INT2, BF16, seed, head_major_scales=True, head_major_codes=codes)
-    assert kv.k_scales.stride(1) == 2 and not kv.k_scales.is_contiguous()
+    assert kv.k_scales.stride(1) == 2  # (one KV head at GQA >= 8: head-major is also contiguous)
     assert (kv.k_codes.stride(1) == D // 4) == codes
-    cuda_tier.update(pipe=pipe, half_rows=half_rows)
+    cuda_tier.update(pipe=pipe, half_rows=half_rows, bulk=bulk)
     out = int2_decode_attention(q, kv, seg, num_splits=3, bf16_splits=2)
     assert_close_verbose(out, decode_attention_reference(q, kv, seg), *BF16_TOL,
-                         what=f"page {page} pipe {pipe} codes {codes}")
+                         what=f"page {page} pipe {pipe} codes {codes} bulk {bulk}")
 
 
 @pytest.mark.parametrize("opts", [{"warps": 1}, {"warps": 2}, {"warps": 8}, {"shiftless": 0}, {"shiftless": 1}, {"half_rows": True}, {"half_rows": True, "warps": 2, "pipe": 6},
@@ -100,12 +102,13 @@ def test_running_max_that_keeps_rising(cuda_tier, seed, pipe):
     assert_close_verbose(out, decode_attention_reference(q, kv, seg), *BF16_TOL, what=f"pipe {pipe}")
 
 
-def _partials(q, kv, seg, splits, pipe, early, warps=4, half_rows=False, read_only=False, fill=float("nan")):
+def _partials(q, kv, seg, splits, pipe, early, warps=4, half_rows=False, read_only=False, fill=float("nan"),
+              bulk=False):
     b, hq, _ = q.shape
     mid_o = torch.full((b, hq, splits, D), fill)
     mid_lse = torch.full((b, hq, splits), fill)
     plan = decode_cuda.launch_plan(q, kv, kv.geometry(), seg, mid_o, mid_lse, LOG2E / D**0.5, splits,
-                                   warps=warps, pipe=pipe, half_rows=half_rows, read_only=read_only)
+                                   warps=warps, pipe=pipe, half_rows=half_rows, read_only=read_only, bulk=bulk)
     cuda_emu.run(plan, early)
     return mid_o, mid_lse
 
@@ -114,12 +117,38 @@ def _partials(q, kv, seg, splits, pipe, early, warps=4, half_rows=False, read_on
 def test_cp_async_ring_equals_register_path(seed, pipe, warps, half_rows):
     # same arithmetic in the same order; only where the bytes wait differs.  Copies landing at the
     # wait (the latest legal time) catch a read before it; landing at issue, a slot refilled too early
-    kv, seg, q = _cache(12, 8, [1000, 40, 0, 1], [0, 0, 0, 0], seed)
-    ref_o, ref_lse = _partials(q, kv, seg, 5, 0, False, warps)
+    # 2000 tokens in 3 splits: >= 5 steps per warp, so every slot of the ring is refilled at least once
+    kv, seg, q = _cache(12, 8, [2000, 40, 0, 1], [0, 0, 0, 0], seed)
+    ref_o, ref_lse = _partials(q, kv, seg, 3, 0, False, warps)
     assert not ref_o.isnan().any() and not ref_lse.isnan().any()
     for early in (False, True):
-        o, lse = _partials(q, kv, seg, 5, pipe, early, warps, half_rows)
+        o, lse = _partials(q, kv, seg, 3, pipe, early, warps, half_rows)
         assert torch.equal(o, ref_o) and torch.equal(lse, ref_lse), f"pipe {pipe} early={early}"
+
+
+@pytest.mark.parametrize("page, pipe, warps", [(8, 4, 4), (16, 3, 4), (32, 6, 2), (64, 4, 4)])
+def test_bulk_ring_equals_register_path(seed, page, pipe, warps):
+    # cp.async.bulk refills (one per page run, completing on the slot's mbarrier) feed the same
+    # arithmetic: partials bit-equal to the register path's on the same head-major pages, with copies
+    # landing at the wait (an under-counted expect_tx leaves bytes unlanded) or at issue
+    # 2000 tokens in 3 splits: >= 5 steps per warp, every slot's barrier runs more than one phase
+    lens = [2000, 40, 0, 1, 33, 8 * 37]
+    kv, seg, q = _cache(12, page, lens, [0] * len(lens), seed, head_major_scales=True, head_major_codes=True)
+    ref_o, ref_lse = _partials(q, kv, seg, 3, 0, False, warps)
+    for early in (False, True):
+        o, lse = _partials(q, kv, seg, 3, pipe, early, warps, bulk=True)
+        assert torch.equal(o, ref_o) and torch.equal(lse, ref_lse), f"page {page} early={early}"
+
+
+def test_bulk_needs_head_major_pages_and_whole_runs(seed):
+    kv, seg, q = _cache(4, 8, [100], [0], seed)
+    with pytest.raises(ValueError, match="head-major"):
+        _partials(q, kv, seg, 2, 4, False, bulk=True)
+    with pytest.raises(ValueError, match="bulk needs the cp.async ring"):
+        _partials(q, kv, seg, 2, 0, False, bulk=True)
+    kv, seg, q = _cache(4, 24, [100], [0], seed, head_major_scales=True, head_major_codes=True)
+    with pytest.raises(ValueError, match="page size"):
+        _partials(q, kv, seg, 2, 4, False, bulk=True)
 
 
 def test_partial_rows_are_per_split_softmax(seed):
@@ -139,30 +168,22 @@ def test_partial_rows_are_per_split_softmax(seed):
         assert_close_verbose(o[0, :, s], ref[0], *BF16_TOL, what=f"split {s}")
 
 
-def _xor(words: torch.Tensor) -> int:
-    return int(np.bitwise_xor.reduce(words.flatten().numpy().view(np.uint32), initial=np.uint32(0)))
-
-
-@pytest.mark.parametrize("pipe, warps, half_rows, codes", [(4, 4, False, False), (3, 2, True, False),
-                                                          (4, 4, False, True), (4, 4, True, True)])
-def test_read_only_ring_reads_every_byte_of_the_tier(seed, pipe, warps, half_rows, codes):
+@pytest.mark.parametrize("pipe, warps, half_rows, codes, bulk", [(4, 4, False, False, False), (3, 2, True, False, False),
+                                                                (4, 4, False, True, False), (4, 4, True, True, False),
+                                                                (4, 4, False, True, True), (3, 2, False, True, True)])
+def test_read_only_ring_reads_every_byte_of_the_tier(seed, pipe, warps, half_rows, codes, bulk):
     # the benchmarks' copy ceiling (read_only) runs the ring's copies without the attention; its
     # per-warp checksums XOR to the XOR of each request's and head's code rows and (s, z) pairs, so
     # a copy that misses a page, a token or a byte, or reads past the tier, changes the sum
     int2 = [1000, 40, 0, 1, 31, 257]
     kv, seg, q = _cache(4, 8, int2, [0] * len(int2), seed, head_major_scales=codes, head_major_codes=codes)
     splits = 5
-    o, lse = _partials(q, kv, seg, splits, pipe, False, warps, half_rows, read_only=True, fill=0.0)
+    o, lse = _partials(q, kv, seg, splits, pipe, False, warps, half_rows, read_only=True, fill=0.0, bulk=bulk)
     assert (lse == 0).all() and (o[:, :, :, warps:] == 0).all()  # nothing else is written
-    for b, n in enumerate(int2):
-        pages = seg.int2_page_table[b, :(n + 7) // 8].long()
-        for kh in range(kv.k_codes.shape[2]):
-            want = 0
-            for t in (kv.k_codes, kv.v_codes, kv.k_scales, kv.v_scales):
-                rows = t[pages, :, kh].flatten(0, 1)[:n].contiguous()
-                want ^= _xor(rows.view(torch.uint8).view(-1, 4).view(torch.int32))
-            got = _xor(o[b, kh * 4, :, :warps].contiguous().view(torch.int32))
-            assert got == want, f"request {b} (n {n}) head {kh}: {got:#x} != {want:#x}"
+    words = o[:, ::4, :, :warps].contiguous().view(torch.int32).numpy().view(np.uint32)  # [b, kv head, split, warp]
+    for (b, kh), want in int2_tier_checksums(kv, seg).items():
+        got = int(np.bitwise_xor.reduce(words[b, kh].ravel(), initial=np.uint32(0)))
+        assert got == want, f"request {b} (n {int2[b]}) head {kh}: {got:#x} != {want:#x}"
 
 
 def test_read_only_needs_the_ring(seed):

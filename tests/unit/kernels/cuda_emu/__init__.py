@@ -43,10 +43,12 @@ def _library(source_args: tuple, early: bool):
                str(HERE / "decode_emu.cpp"), "-o", str(tmp)]
         subprocess.run(cmd, check=True, capture_output=True, text=True)
         tmp.rename(lib)  # atomic: a concurrent build of the same key sees a whole library or none
-    fn = ctypes.CDLL(str(lib)).emu_int2_decode
+    so = ctypes.CDLL(str(lib))
+    fn = so.emu_int2_decode
     fn.argtypes = [ctypes.c_int] * 4 + [ctypes.POINTER(ctypes.c_void_p), ctypes.c_double, ctypes.POINTER(ctypes.c_int)]
     fn.restype = None
-    return fn
+    so.emu_error.restype = ctypes.c_char_p
+    return fn, so.emu_error
 
 
 def run(plan: decode_cuda.CudaLaunch, early: bool = False) -> None:
@@ -54,12 +56,14 @@ def run(plan: decode_cuda.CudaLaunch, early: bool = False) -> None:
     for t in plan.tensors:
         if t.device.type != "cpu":
             raise ValueError("the emulator reads CPU tensors")
-    fn = _library(plan.source_args, early)
+    fn, error = _library(plan.source_args, early)
     ptrs = (ctypes.c_void_p * 9)(*[t.data_ptr() for t in plan.tensors])
     ints = (ctypes.c_int * 10)(*plan.ints)
     keep = plan.tensors  # alive for the call
     fn(*plan.grid, plan.block[0], ptrs, plan.qk_scale, ints)
     del keep
+    if error():  # a misused primitive (the GPU would hang or fault): the kernel's bug, not a wrong number
+        raise RuntimeError(f"emulated kernel: {error().decode()}")
 
 
 def partials(plan: decode_cuda.CudaLaunch) -> tuple[torch.Tensor, torch.Tensor]:

@@ -28,7 +28,11 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <cstdio>
+#include <cstdlib>
 #include <functional>
+#include <map>
+#include <string>
 #include <vector>
 
 #ifndef EMU_CP_EARLY
@@ -58,6 +62,10 @@ inline u32 __float_as_uint(float f) { u32 u; std::memcpy(&u, &f, 4); return u; }
 
 namespace emu {
 struct Copy { void* dst; const void* src; int n; };
+struct Bar { int count = 0, pending = 0; long long tx = 0; unsigned phase = 0; std::vector<Copy> inflight; };
+inline std::map<const void*, Bar> bars;  // per CTA: launch() clears it with the shared memory
+inline std::string error;  // the launch's first misuse of a primitive (the Python side raises it)
+inline void fail(const char* what) { if (error.empty()) error = what; }
 struct Idx { unsigned x, y, z; };
 #if defined(__x86_64__)
 // emu_switch(&save_sp, new_sp): push the callee-saved registers, swap stacks, pop, return there
@@ -161,12 +169,14 @@ inline void launch(int gx, int gy, int gz, int n_threads, std::function<void()> 
     stacks.resize(n_threads);
     for (auto& s : stacks) s.resize(STACK);
     entry = std::move(kernel);
+    error.clear();
     for (int z = 0; z < gz; ++z)
         for (int y = 0; y < gy; ++y)
             for (int x = 0; x < gx; ++x) {
                 block = {unsigned(x), unsigned(y), unsigned(z)};
                 bar_arrived = 0;
                 std::memset(__start_emu_shared, 0xff, size_t(__stop_emu_shared - __start_emu_shared));
+                bars.clear();
                 for (int t = 0; t < n_threads; ++t) {
                     Thread& th = threads[t];
                     th = Thread();
@@ -320,4 +330,51 @@ template <int N> inline void cp_wait() {  // all but the newest N committed grou
         emu::copy_group(gs.front());
         gs.erase(gs.begin());
     }
+}
+// mbarrier + cp.async.bulk: a barrier's phase completes when its pending arrivals and its tx bytes
+// are both zero (tx may dip below zero when bytes land before the arrive.expect_tx).  Bulk copies
+// land at the first wait on their barrier (EMU_CP_EARLY=0) or at issue (1), as cp.async's do.
+typedef unsigned long long bar_t;
+namespace emu {
+inline Bar& bar_of(const bar_t* b) {
+    auto it = bars.find(b);
+    if (it == bars.end()) { fail("mbarrier used before mbarrier.init"); return bars[b]; }
+    return it->second;
+}
+inline void bar_settle(Bar& b) {
+    if (b.pending == 0 && b.tx == 0) { ++b.phase; b.pending = b.count; }
+}
+}  // namespace emu
+inline void bar_init(bar_t* bar, int count) { emu::bars[bar] = emu::Bar{count, count, 0, 0, {}}; }
+inline void bar_init_fence() {}
+inline void bar_expect(bar_t* bar, u32 bytes) {
+    emu::Bar& b = emu::bar_of(bar);
+    if (b.pending <= 0) { emu::fail("mbarrier arrival past its count"); return; }
+    b.tx += bytes;
+    --b.pending;
+    emu::bar_settle(b);
+}
+inline void bulk(void* dst, const void* src, u32 bytes, bar_t* bar) {
+    if (bytes % 16 || reinterpret_cast<uintptr_t>(dst) % 16 || reinterpret_cast<uintptr_t>(src) % 16)
+        emu::fail("cp.async.bulk needs 16-byte sizes and addresses");
+    emu::Bar& b = emu::bar_of(bar);
+    if (EMU_CP_EARLY) { std::memcpy(dst, src, bytes); b.tx -= bytes; emu::bar_settle(b); }
+    else b.inflight.push_back({dst, src, int(bytes)});
+}
+inline void bar_wait(bar_t* bar, u32 parity) {
+    // a warp's lanes wait together (one collective round: each has issued what precedes its wait),
+    // then copies land one at a time only until the phase completes, so an arrive.expect_tx that
+    // counts too few bytes leaves the rest unlanded (stale slot bytes) or, past zero, never
+    // completes, as too many do
+    emu::collective({0u}, [](emu::WarpX&) {});
+    emu::Bar& b = emu::bar_of(bar);
+    size_t k = 0;
+    for (; (b.phase & 1u) == (parity & 1u) && k < b.inflight.size(); ++k) {
+        std::memcpy(b.inflight[k].dst, b.inflight[k].src, b.inflight[k].n);
+        b.tx -= b.inflight[k].n;
+        emu::bar_settle(b);
+    }
+    b.inflight.erase(b.inflight.begin(), b.inflight.begin() + k);
+    emu::bar_settle(b);
+    if ((b.phase & 1u) == (parity & 1u)) emu::fail("mbarrier wait never completes (expect_tx does not match the bytes that land)");
 }

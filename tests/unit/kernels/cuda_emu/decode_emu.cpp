@@ -13,3 +13,6 @@ extern "C" __attribute__((visibility("default"))) void emu_int2_decode(int gx, i
                                i[4], i[5], i[6], i[7], i[8], i[9]);
     });
 }
+
+// the launch's first primitive misuse ("" when none): a wait that never completes, a bad bulk copy
+extern "C" __attribute__((visibility("default"))) const char* emu_error() { return emu::error.c_str(); }
