@@ -304,7 +304,8 @@ oscar_int2_decode_d128(const float* __restrict__ q, const unsigned char* __restr
     struct Pages { int a, b; };
     auto page_of = [&](const int i) {
         const int n0 = start + warp * 32 + i * stride;
-        const int na = n0 + (BULK ? (lane >> 2) * SEG : HALF_ROWS ? (lane >> 1) : lane), nb = na + 16;
+        // (BULK: lanes past the step's runs repeat a run's page id: the same sector, no extra load)
+        const int na = n0 + (BULK ? ((lane >> 2) & (32 / SEG - 1)) * SEG : HALF_ROWS ? (lane >> 1) : lane), nb = na + 16;
         return Pages{na < end ? trow[na / PAGE] : 0, (HALF_ROWS && nb < end) ? trow[nb / PAGE] : 0};
     };
     auto issue = [&](const int i, const Pages pg) {  // step i of this warp -> slot i % PIPE
