@@ -1,14 +1,33 @@
-"""One int2_decode_attention call at a given shape/config, for `ncu -k regex:_decode_stage1` profiling."""
-import sys
+"""int2_decode_attention at one shape, for `ncu -k regex:oscar_int2` (CUDA tier) or `regex:_decode_stage1` (Triton).
+
+    python3 benchmarks/ncu_decode.py BATCH CTX BLOCK_N WARPS STAGES SPLITS [--layout head-pages] [--copies 2] [--read-only]
+
+BLOCK_N / WARPS / STAGES are the Triton stage 1's; --layout / --copies / --read-only pick the CUDA
+tier's variant (decode_cuda_sweep.py's meanings: copies 1 half_rows, 2 bulk; read_only the copy
+ceiling), so one device call can profile the default ring beside its ceiling and the bulk refills.
+"""
+import argparse
+from functools import partial
 
 import torch
 
+import oscar_ray.kernels.decode_attention as dec
 from oscar_ray.kernels import int2_decode_attention
 from oscar_ray.kernels.synthetic import random_mixed_cache
 
-batch, ctx, bn, w, st, splits = (int(x) for x in sys.argv[1:7])
-kv, seg = random_mixed_cache([ctx - 320] * batch, [320] * batch, 8, 128, scale_dtype=torch.float16, device="cuda")
-q = torch.randn(batch, 32, 128, device="cuda")
-for _ in range(2):
-    int2_decode_attention(q, kv, seg, num_splits=splits, block_n=bn, num_warps=w, num_stages=st)
+p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+for name in ("batch", "ctx", "block_n", "warps", "stages", "splits"):
+    p.add_argument(name, type=int)
+p.add_argument("--layout", choices=["token", "head-pages"], default="token")
+p.add_argument("--copies", type=int, choices=[0, 1, 2], default=0)
+p.add_argument("--read-only", action="store_true")
+p.add_argument("--calls", type=int, default=2)
+a = p.parse_args()
+head = a.layout == "head-pages"
+kv, seg = random_mixed_cache([a.ctx - 320] * a.batch, [320] * a.batch, 8, 128, scale_dtype=torch.float16,
+                             device="cuda", head_major_scales=head, head_major_codes=head)
+q = torch.randn(a.batch, 32, 128, device="cuda")
+dec.int2_tier_cuda = partial(dec.int2_tier_cuda, half_rows=a.copies == 1, bulk=a.copies == 2, read_only=a.read_only)
+for _ in range(a.calls):
+    int2_decode_attention(q, kv, seg, num_splits=a.splits, block_n=a.block_n, num_warps=a.warps, num_stages=a.stages)
 torch.cuda.synchronize()
