@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call's worth of GPU work (~9 of the 10 minutes a call may take, limits included), results under $OUT.
 # Run from the repository root on the device machine (torch + triton image, no network):
-#   run(command="ROUND_COMMIT=<sha> bash benchmarks/device_round.sh", carry=[".devwheels"])
+#   run(command="ROUND_COMMIT=<sha> [ROUND_STEPS=...] bash benchmarks/device_round.sh", carry=[".devwheels"])
 # .devwheels: pydantic + pyyaml for tests/gpu/test_engine_gpu.py, fetched here beforehand with
 #   pip download --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 -d .devwheels pydantic pyyaml
 # Each step has its own time limit and writes its own file, so a step that fails or overruns leaves
@@ -25,8 +25,11 @@ step() {  # step NAME SECONDS CMD...: stdout+stderr to $OUT/NAME.log, exit statu
   timeout "$secs" "$@" > "$OUT/$name.log" 2>&1
   echo "$name rc=$? ${secs}s limit, $((SECONDS - t0))s" | tee -a "$OUT/round.txt"
 }
-# ROUND_STEPS picks the steps (default: the first call's four; "sweep" for the second call's)
-STEPS=" ${ROUND_STEPS:-tests append decode ncu} "
+# ROUND_STEPS picks the steps; each call must fit the device's 600 s (the steps' limits add up):
+#   call 1 (default) "ncu sweep": 3 x 60 + 400 s, the load-path question (ceiling, bulk, layouts);
+#   call 2 "tests": tests/gpu (ring variants first), 220 s, more on an H100;
+#   call 3 "append decode": 130 + 170 s, the decode table and the sglang writer-program write.
+STEPS=" ${ROUND_STEPS:-ncu sweep} "
 has() { [[ "$STEPS" == *" $1 "* ]]; }
 # 1. correctness on the hardware (~80-130 s)
 has tests && step tests_gpu 220 python3 -m pytest -q tests/gpu --durations=15
@@ -49,7 +52,7 @@ fi
 #    256-B run); and each config's copies alone (--ceiling: read_only, no attention), which says
 #    whether the load path or the compute holds the kernel at ~1.8 TB/s (30 rows, ~300-400 s;
 #    SWEEP_LIMIT / SWEEP_CONFIGS / SWEEP_SHAPES / SWEEP_LAYOUTS narrow it to fit beside other steps)
-has sweep && step cuda_sweep "${SWEEP_LIMIT:-420}" python3 benchmarks/decode_cuda_sweep.py --no-triton --skip-check \
+has sweep && step cuda_sweep "${SWEEP_LIMIT:-400}" python3 benchmarks/decode_cuda_sweep.py --no-triton --skip-check \
   --ceiling --layouts ${SWEEP_LAYOUTS:-token head-pages} --configs ${SWEEP_CONFIGS:-4:0:0:2:4:0 4:0:0:2:4:1 4:0:0:2:4:2} \
   --shapes ${SWEEP_SHAPES:-8x131072 8x65536 1x16384} --out "$OUT/cuda.md"
 exit 0
