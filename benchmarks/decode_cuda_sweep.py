@@ -47,13 +47,16 @@ def _variant(cfg: tuple[int, ...]) -> tuple[int, int, int | None, int, int, int]
     return warps, splits, minb, shiftless, pipe, copies
 
 
-def func_attrs(kernel) -> str:
+def func_attrs(kernel, threads: int) -> str:
     lib = torch.cuda._utils._get_gpu_runtime_library()
     out = {}
     for name, code in (("regs", 4), ("local_bytes", 3), ("static_smem", 1)):
         v = ctypes.c_int()
         lib.cuFuncGetAttribute(ctypes.byref(v), code, kernel.func)
         out[name] = v.value
+    v = ctypes.c_int()  # resident CTAs per SM: the copy ceiling (read_only) must match its kernel's
+    lib.cuOccupancyMaxActiveBlocksPerMultiprocessor(ctypes.byref(v), kernel.func, threads, ctypes.c_size_t(0))
+    out["CTAs/SM"] = v.value
     return ", ".join(f"{k} {v}" for k, v in out.items())
 
 
@@ -155,11 +158,11 @@ def main() -> int:
         lines += _table(["GQA", "page", "INT2 lens", "cuda (default / 1 / 7 splits)", "triton", "max |ref|"], rows)
     for warps, _, minb, shiftless, pipe, copies in map(_variant, configs):
         bulk = copies == 2
-        k = decode_cuda._kernel(4, 8, warps, minb, shiftless, 32 if bulk else 256, 2 if bulk else 16, pipe, copies == 1,
-                                False, bulk)
-        lines.append(f"- kernel warps {warps} min_blocks {minb or 'default'} shiftless {int(shiftless)} pipe {pipe} "
-                     f"copies {copies}: "
-                     f"{func_attrs(k)}")
+        for read_only in (False, True) if args.ceiling and pipe else (False,):
+            k = decode_cuda._kernel(4, 8, warps, minb, shiftless, 32 if bulk else 256, 2 if bulk else 16, pipe,
+                                    copies == 1, read_only, bulk)
+            lines.append(f"- kernel warps {warps} min_blocks {minb or 'default'} shiftless {int(shiftless)} pipe {pipe} "
+                         f"copies {copies}{' copies only' if read_only else ''}: {func_attrs(k, 32 * warps)}")
     lines.append("")
     rows = []
     for shape in args.shapes:

@@ -69,9 +69,15 @@ oscar_int2_decode_d128(const float* __restrict__ q, const unsigned char* __restr
         int total_splits, int n_splits) {
 #if PIPE
     // per warp a ring of PIPE steps: K codes, V codes [32 tokens][32 B], K / V (s, z) [32]; the
-    // epilogue's sh_o reuses the same bytes once every warp has left its loop
-    __shared__ __align__(16) unsigned char sh_raw[(WARPS * PIPE * STEP_BYTES > WARPS * 8 * NT * D * 4)
-                                                  ? WARPS * PIPE * STEP_BYTES : WARPS * 8 * NT * D * 4];
+    // epilogue's sh_o reuses the same bytes once every warp has left its loop.  READ_ONLY: padded so
+    // the ceiling runs at the kernel's residency (MINB CTAs per SM, what its registers allow) and not
+    // at the ~6 its few registers would: MINB + 1 CTAs of this size (+1 KB reserved each) overflow
+    // Hopper's 228 KB per SM (capped by the 48 KB of static shared memory: exact for MINB >= 4)
+    constexpr int RING = WARPS * PIPE * STEP_BYTES > WARPS * 8 * NT * D * 4 ? WARPS * PIPE * STEP_BYTES
+                                                                             : WARPS * 8 * NT * D * 4;
+    constexpr int PAD_FIT = 228 * 1024 / (MINB + 1) - 1024 + 64;
+    constexpr int PAD = !READ_ONLY ? 0 : PAD_FIT < 47 * 1024 ? PAD_FIT : 47 * 1024;
+    __shared__ __align__(16) unsigned char sh_raw[RING > PAD ? RING : PAD];
     float (*sh_o)[8 * NT][D] = reinterpret_cast<float (*)[8 * NT][D]>(sh_raw);
 #if BULK
     __shared__ bar_t sh_bar[WARPS][PIPE];  // slot j of warp w is full when phase k of its barrier completes

@@ -72,12 +72,18 @@ def test_cuda_decode_compiles_for_sm90_without_spills(tmp_path, gqa, page, warps
 
 
 @pytest.mark.parametrize("half_rows, bulk", [(False, False), (True, False), (False, True)])
-def test_read_only_ceiling_compiles_for_sm90(half_rows, bulk):
-    # the benchmarks' copy ceiling must build for the card it is meant to measure
+def test_read_only_ceiling_compiles_for_sm90(tmp_path, half_rows, bulk):
+    # the benchmarks' copy ceiling must build for the card it is meant to measure, and run at the
+    # kernel's residency: 4 CTAs per SM fit Hopper's 228 KB of shared memory (+1 KB each), 5 do not
     ptx = _compile(_nvrtc(), decode_cuda.kernel_source(4, 8, 4, code_tok=32 if bulk else 256, scale_tok=2 if bulk else 16,
                                                        pipe=4, half_rows=half_rows, read_only=True, bulk=bulk))
     assert decode_cuda.KERNEL_NAME.encode() in ptx and b"mma.sync" not in ptx
     assert (b"cp.async.bulk" in ptx) == bulk and (b"cp.async.cg" in ptx) != bulk
+    (tmp_path / "k.ptx").write_bytes(ptx)
+    out = subprocess.run([_ptxas(), "-arch=sm_90", "-v", "-o", str(tmp_path / "k.cubin"), str(tmp_path / "k.ptx")],
+                         capture_output=True, text=True, check=True)
+    smem = int(re.search(r"(\d+) bytes smem", out.stdout + out.stderr).group(1)) + 1024
+    assert 4 * smem <= 228 * 1024 < 5 * smem, out.stdout + out.stderr
 
 
 @pytest.mark.parametrize("gqa, page, warps, pipe", [(4, 8, 4, 4), (4, 64, 4, 4), (12, 16, 4, 3), (1, 32, 2, 6)])
