@@ -24,7 +24,7 @@ pipe = P in a cp.async ring of P steps in shared memory, refilled per lane or, w
 head-major pages, by one cp.async.bulk per page run on an mbarrier per slot); the warps' online-softmax
 states merge in shared memory into the same (mid_o, mid_lse) rows as the Triton stage 1, so the
 BF16 tier and the merge stay the Triton kernels of decode_attention.py.
-The source is int2_decode.cu (+ int2_primitives.cu, its PTX primitives and unpack); only NVRTC
+The source is int2_decode.cu (+ int2_primitives.cu: its PTX primitives, unpack and tile load); only NVRTC
 (torch.cuda._compile_kernel, bundled with torch's CUDA build) is needed, once per specialisation per
 process.  On CPU / under TRITON_INTERPRET this path is never taken by the launcher; CI instead runs the same source, built by g++ over a lane-level
 emulator of its PTX primitives, on launch_plan()'s grid and arguments (tests/unit/kernels/cuda_emu,

@@ -1,6 +1,6 @@
 // INT2-tier decode partials (oscar_ray/kernels/decode_cuda.py builds and launches this file).
 // __NAME__ placeholders are replaced per specialisation by decode_cuda.kernel_source(), which also pastes
-// int2_primitives.cu (the PTX primitives and the code unpack) at the marker line below the defines; the fragment
+// int2_primitives.cu (the PTX primitives, the code unpack, the tile load) at the marker line below the defines; the fragment
 // maps and the algebra are described in decode_cuda.py's module docstring.
 typedef unsigned int u32;
 #define NT __NT__
@@ -22,43 +22,6 @@ typedef unsigned int u32;
 #define RESCALE_SLACK 8.0f  // log2 units: the reference max moves when a score is 2^8 above it
 
 __PRIMITIVES__
-
-struct Tile {  // one 16-token tile's bytes as this thread's fragments need them
-    uint2 k_lo, k_hi;  // K codes of tokens g, g + 8: bytes 8t .. 8t + 7
-    u32 v[4];          // V codes of tokens 2t, 2t + 1, 2t + 8, 2t + 9: bytes 4g .. 4g + 3
-    u32 ksz[2], vsz[2];  // (s, z) fp16 of tokens g, g + 8
-};
-
-// kq / vq / ksq / vsq: this thread's first byte / element in page 0 (K codes of token g at byte 8t,
-// V codes of token 2t at byte 4g, (s, z) of token g), so a load is one IMAD.WIDE per page and
-// tensor plus an immediate offset (C_TOK / S_TOK are compile-time): 8 per tile instead of ~35
-__device__ __forceinline__ void load_tile(Tile& T, int n, int end, const int* __restrict__ trow,
-        const unsigned char* __restrict__ kq, const unsigned short* __restrict__ ksq,
-        const unsigned char* __restrict__ vq, const unsigned short* __restrict__ vsq, int c_page, int s_page) {
-    // n % 16 == 0 and PAGE >= 8: tokens n .. n + 7 share a page, and so do n + 8 .. n + 15
-    const int p_lo = trow[n / PAGE];
-    const int p_hi = (PAGE >= 16 || n + 8 >= end) ? p_lo : trow[(n + 8) / PAGE];
-    const int o_lo = PAGE <= 16 ? 0 : n % PAGE;  // PAGE 8 / 16: n is a page (half-page) start
-    const int o_hi = PAGE >= 16 ? 8 : 0;
-    const unsigned char* kl = kq + (long long)p_lo * c_page + o_lo * C_TOK;
-    const unsigned char* kh_ = kq + (long long)p_hi * c_page + o_lo * C_TOK;
-    const unsigned char* vl = vq + (long long)p_lo * c_page + o_lo * C_TOK;
-    const unsigned char* vh = vq + (long long)p_hi * c_page + o_lo * C_TOK;
-    const unsigned short* ksl = ksq + (long long)p_lo * s_page + o_lo * S_TOK;
-    const unsigned short* ksh = ksq + (long long)p_hi * s_page + o_lo * S_TOK;
-    const unsigned short* vsl = vsq + (long long)p_lo * s_page + o_lo * S_TOK;
-    const unsigned short* vsh = vsq + (long long)p_hi * s_page + o_lo * S_TOK;
-    T.k_lo = *(const uint2*)(kl);
-    T.k_hi = *(const uint2*)(kh_ + o_hi * C_TOK);
-    T.v[0] = *(const u32*)(vl);
-    T.v[1] = *(const u32*)(vl + C_TOK);
-    T.v[2] = *(const u32*)(vh + o_hi * C_TOK);
-    T.v[3] = *(const u32*)(vh + (o_hi + 1) * C_TOK);
-    T.ksz[0] = *(const u32*)(ksl);
-    T.ksz[1] = *(const u32*)(ksh + o_hi * S_TOK);
-    T.vsz[0] = *(const u32*)(vsl);
-    T.vsz[1] = *(const u32*)(vsh + o_hi * S_TOK);
-}
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32, MINB)
 oscar_int2_decode_d128(const float* __restrict__ q, const unsigned char* __restrict__ kc,

@@ -1,5 +1,6 @@
-// The PTX primitives and the code unpack of int2_decode.cu (decode_cuda.kernel_source() pastes this
-// file where int2_decode.cu says __PRIMITIVES__, after the __NAME__ defines it uses).
+// The PTX primitives, the code unpack and the register path's tile load of int2_decode.cu
+// (decode_cuda.kernel_source() pastes this file where int2_decode.cu says __PRIMITIVES__, after the
+// __NAME__ defines it uses).
 
 // The PTX primitives.  tests/unit/kernels/cuda_emu.h defines the same functions for a CPU build of
 // this file (OSCAR_CPU_EMU), which runs the kernel lane by lane in CI; everything below the block
@@ -142,3 +143,40 @@ __device__ __forceinline__ u32 kpack(float lo, float hi) { return pack_bf16(lo, 
 __device__ __forceinline__ float2 kunpack(u32 x) { return make_float2(bf16_lo(x), bf16_hi(x)); }
 #define KMMA mma
 #endif
+
+struct Tile {  // one 16-token tile's bytes as this thread's fragments need them
+    uint2 k_lo, k_hi;  // K codes of tokens g, g + 8: bytes 8t .. 8t + 7
+    u32 v[4];          // V codes of tokens 2t, 2t + 1, 2t + 8, 2t + 9: bytes 4g .. 4g + 3
+    u32 ksz[2], vsz[2];  // (s, z) fp16 of tokens g, g + 8
+};
+
+// kq / vq / ksq / vsq: this thread's first byte / element in page 0 (K codes of token g at byte 8t,
+// V codes of token 2t at byte 4g, (s, z) of token g), so a load is one IMAD.WIDE per page and
+// tensor plus an immediate offset (C_TOK / S_TOK are compile-time): 8 per tile instead of ~35
+__device__ __forceinline__ void load_tile(Tile& T, int n, int end, const int* __restrict__ trow,
+        const unsigned char* __restrict__ kq, const unsigned short* __restrict__ ksq,
+        const unsigned char* __restrict__ vq, const unsigned short* __restrict__ vsq, int c_page, int s_page) {
+    // n % 16 == 0 and PAGE >= 8: tokens n .. n + 7 share a page, and so do n + 8 .. n + 15
+    const int p_lo = trow[n / PAGE];
+    const int p_hi = (PAGE >= 16 || n + 8 >= end) ? p_lo : trow[(n + 8) / PAGE];
+    const int o_lo = PAGE <= 16 ? 0 : n % PAGE;  // PAGE 8 / 16: n is a page (half-page) start
+    const int o_hi = PAGE >= 16 ? 8 : 0;
+    const unsigned char* kl = kq + (long long)p_lo * c_page + o_lo * C_TOK;
+    const unsigned char* kh_ = kq + (long long)p_hi * c_page + o_lo * C_TOK;
+    const unsigned char* vl = vq + (long long)p_lo * c_page + o_lo * C_TOK;
+    const unsigned char* vh = vq + (long long)p_hi * c_page + o_lo * C_TOK;
+    const unsigned short* ksl = ksq + (long long)p_lo * s_page + o_lo * S_TOK;
+    const unsigned short* ksh = ksq + (long long)p_hi * s_page + o_lo * S_TOK;
+    const unsigned short* vsl = vsq + (long long)p_lo * s_page + o_lo * S_TOK;
+    const unsigned short* vsh = vsq + (long long)p_hi * s_page + o_lo * S_TOK;
+    T.k_lo = *(const uint2*)(kl);
+    T.k_hi = *(const uint2*)(kh_ + o_hi * C_TOK);
+    T.v[0] = *(const u32*)(vl);
+    T.v[1] = *(const u32*)(vl + C_TOK);
+    T.v[2] = *(const u32*)(vh + o_hi * C_TOK);
+    T.v[3] = *(const u32*)(vh + (o_hi + 1) * C_TOK);
+    T.ksz[0] = *(const u32*)(ksl);
+    T.ksz[1] = *(const u32*)(ksh + o_hi * S_TOK);
+    T.vsz[0] = *(const u32*)(vsl);
+    T.vsz[1] = *(const u32*)(vsh + o_hi * S_TOK);
+}
