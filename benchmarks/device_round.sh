@@ -41,7 +41,8 @@ has decode && step decode_pipe4 170 python3 benchmarks/decode_attention.py --cud
 #    beside its copy ceiling (read_only) and the bulk refills on head-major pages, if ncu is there
 if has ncu && command -v ncu > /dev/null; then
   NCU=(ncu -k regex:oscar_int2 -c 1 --clock-control none --section SpeedOfLight --section Occupancy
-       --section SchedulerStats --section WarpStateStats --section MemoryWorkloadAnalysis)
+       --section SchedulerStats --section WarpStateStats --section MemoryWorkloadAnalysis
+       --section MemoryWorkloadAnalysis_Tables)  # L1TEX requests, sectors, wavefronts per access kind
   step ncu_ring 60 "${NCU[@]}" python3 benchmarks/ncu_decode.py 8 131072 128 4 3 16 --calls 1
   step ncu_ceiling 60 "${NCU[@]}" python3 benchmarks/ncu_decode.py 8 131072 128 4 3 16 --calls 1 --read-only
   step ncu_bulk 60 "${NCU[@]}" python3 benchmarks/ncu_decode.py 8 131072 128 4 3 16 --calls 1 --layout head-pages --copies 2
