@@ -38,14 +38,15 @@ has append && step append_cost 130 python3 benchmarks/append_cost.py --out "$OUT
 # 3. the decode table (no extend) at the default cp.async ring, writes included (~95-150 s)
 has decode && step decode_pipe4 170 python3 benchmarks/decode_attention.py --cuda-pipe 4 --extend-contexts --peak-gbs "$PEAK" --out "$OUT/decode_pipe4.md"
 # 4. the ring's issue rate, stalls and memory traffic at bs 8 x 128K (16 splits: the pipe-4 default),
-#    beside its copy ceiling (read_only) and the bulk refills on head-major pages, if ncu is there
+#    beside its copy ceiling (read_only) and the same copies on head-major pages (a quarter of the
+#    L1TEX line lookups: the line-lookup question), if ncu is there
 if has ncu && command -v ncu > /dev/null; then
   NCU=(ncu -k regex:oscar_int2 -c 1 --clock-control none --section SpeedOfLight --section Occupancy
        --section SchedulerStats --section WarpStateStats --section MemoryWorkloadAnalysis
        --section MemoryWorkloadAnalysis_Tables)  # L1TEX requests, sectors, wavefronts per access kind
   step ncu_ring 60 "${NCU[@]}" python3 benchmarks/ncu_decode.py 8 131072 128 4 3 16 --calls 1
   step ncu_ceiling 60 "${NCU[@]}" python3 benchmarks/ncu_decode.py 8 131072 128 4 3 16 --calls 1 --read-only
-  step ncu_bulk 60 "${NCU[@]}" python3 benchmarks/ncu_decode.py 8 131072 128 4 3 16 --calls 1 --layout head-pages --copies 2
+  step ncu_head_pages 60 "${NCU[@]}" python3 benchmarks/ncu_decode.py 8 131072 128 4 3 16 --calls 1 --layout head-pages
 fi
 # 5. A/B of the INT2 tier in one run: ring copies one token per lane (copies 0), whole sectors
 #    (1: half_rows) or one cp.async.bulk per page run (2: bulk, head-major pages only); the pools'
