@@ -51,6 +51,10 @@ class OscarCacheConfig(StrictModel):
         2, description="Bits per key element in the history tier: 2 (INT2), or 3 (one more bit plane, d/8 bytes a "
         "row; keys then stored unclipped). Values stay INT2. SmolLM2 needles: 8/36 at 2, see "
         "benchmarks/results/quality_engine_smollm2.md for 3.")
+    page_layout: Literal["token", "head"] = Field(
+        "token", description="Memory order of the INT2 pages: token (a token's rows of all KV heads together) or "
+        "head (a KV head's rows of a page together, the layout the CUDA tier's bulk refills read); same shapes "
+        "and bytes, every kernel reads either (benchmarks/results/decode_h200.md).")
 
     @model_validator(mode="after")
     def _whole_pages(self):

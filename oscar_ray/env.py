@@ -42,6 +42,7 @@ SGLANG_ENV = {
     "v_clip": "OSCAR_V_CLIP",
     "absorb_v": "OSCAR_ABSORB_V",  # 1: fold R_V into the weights at load (default); 0: rotate at runtime
     "key_bits": "OSCAR_KEY_BITS",  # 2 (INT2 keys, default) or 3 (one more bit plane, keys unclipped)
+    "page_layout": "OSCAR_PAGE_LAYOUT",  # token (default) | head: the INT2 pages' memory order
 }
 
 
@@ -81,4 +82,5 @@ def sglang_plugin_env(environ=None) -> dict:
         "v_clip": _env_float(SGLANG_ENV["v_clip"], env),
         "absorb_v": None if absorb in (None, "") else absorb == "1",
         "key_bits": _env_int(SGLANG_ENV["key_bits"], env),
+        "page_layout": env.get(SGLANG_ENV["page_layout"]) or None,
     }

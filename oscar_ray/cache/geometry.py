@@ -7,6 +7,10 @@ shapes per layer and per K or V tensor (see the `*_shape` methods):
     INT2 scales  fp16|fp32 [page, token, kv_head, 2 * groups]     one scale + one zero per group
     BF16         bf16      [page, token, kv_head, head_dim]
 
+`head_major` keeps those shapes but stores the INT2 tensors [page, kv_head, token, ...] in memory, so
+one KV head's rows of a page are contiguous (256 B of codes at page 8, d 128): the kernels read
+either through strides; the bytes are the same.
+
 Anchor, head_dim 128, one group, per token, KV head and layer: K codes 32 B + scale/zero 4 B (fp16)
 = 36 B, K+V = 72 B against 2 * 128 * 2 = 512 B in BF16, 7.1x smaller; fp32 scales give 80 B, 6.4x.
 With `key_bits` 3 the key codes carry one more bit plane (head_dim / 8 bytes): K 52 B + V 36 B = 88 B,
@@ -74,6 +78,7 @@ class PageGeometry:
     sink_tokens: int = 64  # attention sinks: the first tokens carry most of the softmax mass
     recent_tokens: int = 256  # the window decode attends to most
     key_bits: int = 2  # 3: keys get a third bit plane (needle retrieval, see quality_engine_smollm2.md)
+    head_major: bool = False  # INT2 pages' memory order (module docstring); no byte changes
 
     def __post_init__(self) -> None:
         for name in ("n_layers", "n_kv_heads", "head_dim", "page_size"):
@@ -89,6 +94,8 @@ class PageGeometry:
             raise ValueError(f"key_bits must be one of {KEY_BITS}, got {self.key_bits!r}")
         if self.key_bits == 3 and self.head_dim % 8:
             raise ValueError(f"key_bits=3 needs head_dim divisible by 8, got {self.head_dim}")
+        if not isinstance(self.head_major, bool):
+            raise ValueError(f"head_major must be a bool, got {self.head_major!r}")
         if self.scale_bytes not in (2, 4):
             raise ValueError(f"scale_bytes must be 2 (fp16) or 4 (fp32), got {self.scale_bytes!r}")
         for name in ("sink_tokens", "recent_tokens"):

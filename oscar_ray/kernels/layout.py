@@ -7,6 +7,8 @@ Shapes (OSCAR_SPEC §3-§4), separately for K and V:
     scales  fp16|fp32  [n_int2_pages, int2_page_size, H_kv, 2·G]   interleaved (s_0, z_0, s_1, z_1, ...)
     bf16    bfloat16   [n_bf16_pages, bf16_page_size, H_kv, d]     sink + recent tokens
 All stored K are rotated (k·R_K) and V rotated (v·R_V) or absorbed, so every tier shares one basis.
+Codes and scales may be stored head-major (`head_major()`: same shapes, [page, H_kv, token, ...] in
+memory): every kernel reads them through their strides.
 
 Per request b of a batch, `Segments` lists the pages of each tier in order: int2_lens[b] tokens fill
 int2_page_table[b, 0], [b, 1], ... (the last page possibly partial); likewise the BF16 tier.  Decode
@@ -27,6 +29,12 @@ import torch
 from oscar_ray.quant.int2 import check_bits
 
 from ._validate import SCALE_DTYPES, check_pow2, check_tensor, code_bytes, group_count
+
+
+def head_major(x: torch.Tensor) -> torch.Tensor:
+    """x with the same logical [..., page, token, H_kv, w] shape and values, stored [..., page, H_kv,
+    token, w] in memory: one KV head's rows of a page contiguous (a copy)."""
+    return x.transpose(-3, -2).contiguous().transpose(-3, -2)
 
 
 @dataclass(frozen=True, slots=True)

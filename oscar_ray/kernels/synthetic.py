@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import torch
 
-from .layout import PagedKV, Segments
+from .layout import PagedKV, Segments, head_major
 
 UNUSED_PAGE = 2**30  # padding entries of a page table: far out of range, so a kernel that reads one faults
 
@@ -53,14 +53,14 @@ def random_mixed_cache(int2_lens: Sequence[int], bf16_lens: Sequence[int], n_kv_
     code_shape = (n2, int2_page_size, n_kv_heads, head_dim // 4)
     bf16_shape = (n16, bf16_page_size, n_kv_heads, head_dim)
 
-    def head_major(x, on):  # same logical shape and values, stored [page, kv_head, token, ...]
-        return x.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3) if on else x
+    def stored(x, on):  # same logical shape and values, stored [page, kv_head, token, ...] when on
+        return head_major(x) if on else x
 
     def codes(bits=2):
         shape = code_shape[:3] + (head_dim * bits // 8,)  # 3-bit keys: one more d/8-byte bit plane
         if torch.device(device).type == "cuda":  # GB-sized caches: draw on the device
-            return head_major(torch.randint(0, 256, shape, dtype=torch.uint8, device=device), head_major_codes)
-        return head_major(torch.randint(0, 256, shape, dtype=torch.uint8, generator=gen), head_major_codes)
+            return stored(torch.randint(0, 256, shape, dtype=torch.uint8, device=device), head_major_codes)
+        return stored(torch.randint(0, 256, shape, dtype=torch.uint8, generator=gen), head_major_codes)
 
     def rows():
         if torch.device(device).type == "cuda":
@@ -68,7 +68,7 @@ def random_mixed_cache(int2_lens: Sequence[int], bf16_lens: Sequence[int], n_kv_
         return (torch.randn(bf16_shape, generator=gen) * 0.5).to(torch.bfloat16)
 
     def scales():
-        return head_major(random_scales(code_shape[:3], n_groups, scale_dtype, device, gen), head_major_scales)
+        return stored(random_scales(code_shape[:3], n_groups, scale_dtype, device, gen), head_major_scales)
 
     kv = PagedKV(codes(key_bits).to(device), scales(), codes().to(device), scales(),
                  rows().to(device), rows().to(device), group_size, key_bits)

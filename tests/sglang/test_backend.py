@@ -37,8 +37,9 @@ def _orthogonal(*shape):
 class World:
     """One sglang rank's cache objects with the OSCAR pool: sink 1 page, recent 2 pages."""
 
-    def __init__(self):
-        settings = OscarSettings(rotations="per-head test rotations", sink_tokens=P, recent_tokens=2 * P)
+    def __init__(self, page_layout="token"):
+        settings = OscarSettings(rotations="per-head test rotations", sink_tokens=P, recent_tokens=2 * P,
+                                 page_layout=page_layout)
         self.r_k = _orthogonal(LAYERS, HKV, D, D)
         rot = RankRotations(0, self.r_k, _orthogonal(LAYERS, HKV, D, D), (CLIP[0],) * LAYERS, (CLIP[1],) * LAYERS)
         self.req_pool = ReqToTokenPool(size=4, max_context_len=256, device="cpu", enable_memory_saver=False)
@@ -147,9 +148,11 @@ def _check(world, reqs, spans, out, seg, bf16_sets, decode):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("extend_method", ["auto", "dequant"])  # auto is the fused kernel on CPU
-def test_chunked_prefill_decode_ring_wrap_and_prefix_hit(seed, extend_method):
-    w = World()
+@pytest.mark.parametrize("extend_method, page_layout", [("auto", "token"), ("dequant", "token"), ("auto", "head")])
+def test_chunked_prefill_decode_ring_wrap_and_prefix_hit(seed, extend_method, page_layout):
+    # auto is the fused extend kernel on CPU; head: the INT2 pages stored head-major (same answers)
+    w = World(page_layout)
+    assert w.pool.k_codes[0].stride(1) == (D // 4 if page_layout == "head" else HKV * D // 4)
     w.backend.extend_method = extend_method  # dequant: the CUDA default, fed the metadata's host lengths
     a, b = 1, 2
     # A: two prefill chunks (40 + 55), windows at 95: sink page 0 + pages 3..5 ...
@@ -171,13 +174,14 @@ def test_chunked_prefill_decode_ring_wrap_and_prefix_hit(seed, extend_method):
     _check(w, [a, b], spans, out, seg, [[(0, 16), (64, 98)], [(48, 69)]], decode=True)
 
 
-def test_decode_launch_writes_both_copies_of_the_new_token(seed):
+@pytest.mark.parametrize("page_layout", ["token", "head"])
+def test_decode_launch_writes_both_copies_of_the_new_token(seed, page_layout):
     # decode writes nothing before attending: its launch stores the step's token rotated into the
     # window (BF16) and into its own slot (INT2, dual residency: a radix-cache hit or the window
     # moving on reads that copy later).  Both must equal the write kernels' result for those rows
     from oscar_ray.kernels import bf16_write_kv, int2_write_kv
 
-    w = World()
+    w = World(page_layout)
     a = 1
     w.forward(ForwardMode.EXTEND, [a], [40])
     w.forward(ForwardMode.DECODE, [a], [1])

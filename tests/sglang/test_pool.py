@@ -90,6 +90,20 @@ def test_fused_kv_write_is_off_for_our_pool(plugins_loaded):
         OscarAttnBackend(SimpleNamespace(token_to_kv_pool=object(), req_to_token_pool=req, device="cpu"))
 
 
+def test_head_major_pool():
+    """page_layout head: the INT2 tensors keep PageGeometry's shapes and bytes, stored [page, head,
+    token, ...]; sglang's slot-row views are the same storage (its bookkeeping reads pointers and sizes)."""
+    pool = _pool(layers=2, heads=2, d=64, page=16, size=8 * 16, page_layout="head")
+    g, token = pool.geometry, _pool(layers=2, heads=2, d=64, page=16, size=8 * 16)
+    assert g.head_major and not token.geometry.head_major
+    for name in ("k_codes", "v_codes", "k_scales", "v_scales"):
+        t, ref = getattr(pool, name)[0], getattr(token, name)[0]
+        assert t.shape == ref.shape and t.stride(1) == t.shape[-1] and t.stride(2) == 16 * t.shape[-1], name
+    assert pool.get_kv_size_bytes() == token.get_kv_size_bytes()
+    assert pool.k_buffer[0].data_ptr() == pool.k_codes[0].data_ptr() and pool.k_buffer[0].is_contiguous()
+    assert pool.paged_kv(0).geometry().n_kv_heads == 2
+
+
 def test_three_bit_key_pool():
     """key_bits 3: key rows d/4 + d/8 bytes, value rows d/4, the bytes still those of PageGeometry."""
     pool = _pool(layers=2, heads=2, d=64, page=16, size=8 * 16, key_bits=3)

@@ -30,6 +30,7 @@ from sglang.srt.constants import GPU_MEMORY_TYPE_KV_CACHE
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 
 from oscar_ray.kernels import PagedKV, bf16_write_kv, int2_write_kv
+from oscar_ray.kernels.layout import head_major
 
 from .settings import SCALE_BYTES, OscarSettings
 from .sharding import RankRotations
@@ -94,21 +95,24 @@ class OscarMHATokenToKVPool(MHATokenToKVPool):
         sdt = _SCALE_DTYPES[SCALE_BYTES[s.scale_dtype]]
         dev = self.device
 
-        def per_layer(shape, dtype):
-            return [torch.zeros(shape, dtype=dtype, device=dev) for _ in range(self.layer_num)]
+        def per_layer(shape, dtype, int2=False):  # INT2 tensors head-major when the geometry says so
+            store = head_major if int2 and g.head_major else (lambda t: t)
+            return [store(torch.zeros(shape, dtype=dtype, device=dev)) for _ in range(self.layer_num)]
 
         with self.memory_saver_adapter.region(GPU_MEMORY_TYPE_KV_CACHE):
-            self.k_codes = per_layer(g.key_code_shape(n_pages), torch.uint8)
-            self.v_codes = per_layer(g.int2_code_shape(n_pages), torch.uint8)
-            self.k_scales = per_layer(g.int2_scale_shape(n_pages), sdt)
-            self.v_scales = per_layer(g.int2_scale_shape(n_pages), sdt)
+            self.k_codes = per_layer(g.key_code_shape(n_pages), torch.uint8, True)
+            self.v_codes = per_layer(g.int2_code_shape(n_pages), torch.uint8, True)
+            self.k_scales = per_layer(g.int2_scale_shape(n_pages), sdt, True)
+            self.v_scales = per_layer(g.int2_scale_shape(n_pages), sdt, True)
             self.k_bf16 = per_layer(g.bf16_shape(self.arena.n_pages), torch.bfloat16)
             self.v_bf16 = per_layer(g.bf16_shape(self.arena.n_pages), torch.bfloat16)
         self.ring_tag = torch.full((self.arena.n_pages,), -1, dtype=torch.int32, device=dev)
         self.slot_owner = torch.full((n_pages,), -1, dtype=torch.int32, device=dev)
         # slot-row views for sglang's generic bookkeeping (data pointers, size logs); never KV values
-        self.k_buffer = [c.view(rows, h, c.shape[-1]) for c in self.k_codes]
-        self.v_buffer = [c.view(rows, h, d // 4) for c in self.v_codes]
+        # (head-major: the same bytes, viewed through the storage order; rows are then not tokens)
+        storage = (lambda c: c.transpose(1, 2)) if g.head_major else (lambda c: c)
+        self.k_buffer = [storage(c).view(rows, h, c.shape[-1]) for c in self.k_codes]
+        self.v_buffer = [storage(c).view(rows, h, d // 4) for c in self.v_codes]
         self.k_scale_buffer = self.v_scale_buffer = None
         self.native_k_scale_buffer = self.native_v_scale_buffer = None
         self.dq_k_buffer = self.dq_v_buffer = None

@@ -78,7 +78,7 @@ class SGLangEngineConfig(StrictModel):
         c = self.cache
         return OscarSettings(rotations=self.rotations or "", sink_tokens=c.sink_tokens, recent_tokens=c.recent_tokens,
                              scale_dtype=c.scale_dtype, group_size=c.group_size, k_clip=None, v_clip=None,
-                             absorb_v=self.absorb_v, key_bits=c.key_bits)
+                             absorb_v=self.absorb_v, key_bits=c.key_bits, page_layout=c.page_layout)
 
 
 def _core_kwargs(cfg: SGLangEngineConfig) -> dict[str, Scalar]:

@@ -27,7 +27,8 @@ class OscarSettings:
     per-layer ratios (identity: the defaults 0.96 / 0.92).  absorb_v: fold R_V into W_v / W_o
     at weight load (no runtime o·R_Vᵀ); False rotates V in the write kernel and un-rotates the
     attention output instead.  key_bits 3: 3-bit keys (PageGeometry.key_bits), stored unclipped
-    unless k_clip is set, as the torch engine does.
+    unless k_clip is set, as the torch engine does.  page_layout: the INT2 pages' memory order
+    (PageGeometry.head_major for "head").
     """
 
     rotations: str
@@ -39,6 +40,7 @@ class OscarSettings:
     v_clip: float | None = None
     absorb_v: bool = True
     key_bits: int = 2
+    page_layout: str = "token"
 
     def __post_init__(self) -> None:
         if self.key_bits not in D.KEY_BITS:
@@ -46,6 +48,8 @@ class OscarSettings:
         if not self.rotations:
             raise ValueError(f"{SGLANG_ENV['rotations']} is required: a RotationSet directory or "
                              f"'{IDENTITY}' for plain INT2 without rotations")
+        if self.page_layout not in ("token", "head"):
+            raise ValueError(f"{SGLANG_ENV['page_layout']} must be token or head, got {self.page_layout!r}")
         if self.scale_dtype not in SCALE_BYTES:
             raise ValueError(f"{SGLANG_ENV['scale_dtype']} must be float16 or float32, got {self.scale_dtype!r}")
         for name in ("sink_tokens", "recent_tokens"):
@@ -66,7 +70,8 @@ class OscarSettings:
         """The OSCAR_* variables that reproduce these settings in another process."""
         out = {SGLANG_ENV["rotations"]: self.rotations, SGLANG_ENV["sink_tokens"]: str(self.sink_tokens),
                SGLANG_ENV["recent_tokens"]: str(self.recent_tokens), SGLANG_ENV["scale_dtype"]: self.scale_dtype,
-               SGLANG_ENV["absorb_v"]: "1" if self.absorb_v else "0", SGLANG_ENV["key_bits"]: str(self.key_bits)}
+               SGLANG_ENV["absorb_v"]: "1" if self.absorb_v else "0", SGLANG_ENV["key_bits"]: str(self.key_bits),
+               SGLANG_ENV["page_layout"]: self.page_layout}
         for name in ("group_size", "k_clip", "v_clip"):
             if getattr(self, name) is not None:
                 out[SGLANG_ENV[name]] = str(getattr(self, name))
@@ -89,4 +94,5 @@ class OscarSettings:
         sink / recent windows are not whole pages of sglang's --page-size)."""
         return PageGeometry(n_layers, n_kv_heads, head_dim, page_size, group_size=self.group_size,
                             scale_bytes=SCALE_BYTES[self.scale_dtype], sink_tokens=self.sink_tokens,
-                            recent_tokens=self.recent_tokens, key_bits=self.key_bits)
+                            recent_tokens=self.recent_tokens, key_bits=self.key_bits,
+                            head_major=self.page_layout == "head")

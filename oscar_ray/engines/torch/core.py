@@ -104,7 +104,8 @@ class EngineCore:
             sink, recent = 0, -(-cfg.max_model_len // c.page_size) * c.page_size
         self.geometry = PageGeometry(g.n_layers, g.n_kv_heads, g.head_dim, c.page_size,
                                      group_size=c.group_size, scale_bytes=2 if c.scale_dtype == "float16" else 4,
-                                     sink_tokens=sink, recent_tokens=recent, key_bits=c.key_bits if oscar else 2)
+                                     sink_tokens=sink, recent_tokens=recent, key_bits=c.key_bits if oscar else 2,
+                                     head_major=c.page_layout == "head")
         n2, n16 = pool_sizes(cfg, self.geometry)
         self.allocator = KVAllocator(self.geometry, n2, n16)
         self.store = KVStore(self.geometry, n2, n16, self.device, c.scale_dtype, k_clip, v_clip)

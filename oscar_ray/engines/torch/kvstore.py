@@ -5,6 +5,7 @@ Per layer (kernels/layout.py), one tensor per kind with a leading layer dimensio
     k_codes, v_codes   uint8      [L, n_int2 (≥1), page, H_kv, d/4]  (keys d/4 + d/8 at key_bits 3)
     k_scales, v_scales fp16|fp32  [L, n_int2 (≥1), page, H_kv, 2·G]
     k_bf16, v_bf16     bfloat16   [L, n_bf16, page, H_kv, d]
+(codes and scales stored [.., page, H_kv, token, ..] when geometry.head_major; same shapes).
 Keys are stored rotated (k·R_K), values rotated by the absorbed W_v, so no rotation happens here.
 Writes and moves run the Triton kernels on CUDA and the package's torch references on CPU (the
 Triton interpreter is ~10⁴× too slow to serve); both produce the same codes (tested bit-exact in
@@ -16,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from oscar_ray.cache import Demotion, PageCopy, PageGeometry, PageKind
-from oscar_ray.kernels.layout import PagedKV
+from oscar_ray.kernels.layout import PagedKV, head_major
 from oscar_ray.kernels.reference import int2_write_reference
 from oscar_ray.quant.int2 import dequantize_int2, scale_dtype_of, unpack_codes
 
@@ -34,10 +35,11 @@ class KVStore:
         n2 = max(1, n_int2_pages)  # the kernels want a real tensor even when the pool is empty
         L, P, H, d = g.n_layers, g.page_size, g.n_kv_heads, g.head_dim
         mk = lambda shape, dt: torch.zeros(shape, dtype=dt, device=self.device)  # noqa: E731
+        mk2 = lambda shape, dt: head_major(mk(shape, dt)) if g.head_major else mk(shape, dt)  # noqa: E731
         self.key_bits = g.key_bits
-        self.k_codes = mk((L,) + g.key_code_shape(n2), torch.uint8)
-        self.v_codes = mk((L,) + g.int2_code_shape(n2), torch.uint8)
-        self.k_scales, self.v_scales = (mk((L, n2, P, H, 2 * g.groups), self.scale_dtype) for _ in range(2))
+        self.k_codes = mk2((L,) + g.key_code_shape(n2), torch.uint8)
+        self.v_codes = mk2((L,) + g.int2_code_shape(n2), torch.uint8)
+        self.k_scales, self.v_scales = (mk2((L, n2, P, H, 2 * g.groups), self.scale_dtype) for _ in range(2))
         self.k_bf16, self.v_bf16 = (mk((L, n_bf16_pages, P, H, d), torch.bfloat16) for _ in range(2))
         self.k_clip = [float(c) for c in k_clip]
         self.v_clip = [float(c) for c in v_clip]
@@ -126,9 +128,9 @@ class KVStore:
         for codes, scales, bf16, bits in ((self.k_codes, self.k_scales, self.k_bf16, self.key_bits),
                                           (self.v_codes, self.v_scales, self.v_bf16, 2)):
             parts = []
-            if int2_idx.shape[-1]:
-                c = codes[layer].view(-1, g.n_kv_heads, codes.shape[-1])[int2_idx]
-                s = scales[layer].view(-1, g.n_kv_heads, 2 * g.groups)[int2_idx]
+            if int2_idx.shape[-1]:  # (page, offset) indexing: a head-major store has no flat token view
+                page, off = int2_idx // g.page_size, int2_idx % g.page_size
+                c, s = codes[layer][page, off], scales[layer][page, off]
                 parts.append(dequantize_int2(unpack_codes(c, bits), s, self.group_size))
             parts.append(bf16[layer].view(-1, g.n_kv_heads, g.head_dim)[bf16_idx].to(torch.float32))
             out.append(torch.cat(parts, dim=-3) if len(parts) > 1 else parts[0])

@@ -63,7 +63,8 @@ def test_concurrent_greedy_equals_transformers(tokenizer, tiny_rotations, kv_cac
     assert (last.finish_reason, last.prompt_tokens, last.completion_tokens) == ("length", 41, 12)
 
 
-def test_int2_history_is_read_across_chunks(tokenizer, tiny_rotations):
+@pytest.mark.parametrize("page_layout", ["token", "head"])
+def test_int2_history_is_read_across_chunks(tokenizer, tiny_rotations, page_layout):
     from oscar_ray.engines.torch.core import EngineCore
 
     ids = list(range(1000, 1090))
@@ -71,7 +72,9 @@ def test_int2_history_is_read_across_chunks(tokenizer, tiny_rotations):
     with torch.no_grad():
         ref = torch.log_softmax(lm(input_ids=torch.tensor([ids])).logits[0, :-1], -1)
     ref = ref.gather(1, torch.tensor(ids[1:])[:, None])[:, 0]
-    core = EngineCore(tiny_config(tiny_rotations), tiny_model(), tokenizer)
+    cache = {**TINY_CACHE, "page_layout": page_layout}  # head: INT2 pages stored head-major, same numbers
+    core = EngineCore(tiny_config(tiny_rotations, cache=cache), tiny_model(), tokenizer)
+    assert core.store.k_codes.stride(2) == (4 if page_layout == "head" else 8)  # [L, page, token, head, d/4]
     one_chunk = core.score(ids, chunk=len(ids))  # one chunk: every key at full precision
     chunked = core.score(ids, chunk=8)  # later chunks read the sink + INT2 history + recent ring
     assert (one_chunk - ref).abs().max() < 1e-4
@@ -285,3 +288,27 @@ def test_three_bit_keys_in_the_store():
         errs[bits], vals[bits] = float((kk[:8] - k).pow(2).mean()), vv[:8]
     assert errs[3] < 0.3 * errs[2], errs
     assert torch.equal(vals[2], vals[3])
+
+
+def test_head_major_store_holds_the_same_numbers():
+    # geometry.head_major changes where the INT2 bytes sit, not what is written, demoted, copied or read
+    from oscar_ray.cache import Demotion, PageCopy, PageGeometry, PageKind
+    from oscar_ray.engines.torch.kvstore import KVStore
+
+    gen = torch.Generator().manual_seed(1)
+    k, v = (torch.randn(8, 2, 64, generator=gen).bfloat16().float() for _ in range(2))
+    pages, offs = torch.tensor([0] * 4 + [3] * 4, dtype=torch.int32), torch.arange(8, dtype=torch.int32) % 4
+    none = (torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.int32), torch.zeros(0, dtype=torch.int32))
+    got = []
+    for head_major in (False, True):
+        g = PageGeometry(1, 2, 64, 4, sink_tokens=0, recent_tokens=0, head_major=head_major)
+        store = KVStore(g, 5, 2, torch.device("cpu"), "float16", torch.full((1,), 0.9), torch.zeros(1))
+        assert (store.k_codes.stride(2) == 16) == head_major  # [L, page, token, head, d/4]
+        store.write(0, k, v, (torch.arange(8), pages, offs), none)
+        store.k_bf16[0, 1], store.v_bf16[0, 1] = k[:4].bfloat16(), v[4:].bfloat16()
+        store.demote([Demotion(src=1, dst=2, positions=range(4))])
+        store.copy([PageCopy(kind=PageKind.INT2, src=3, dst=4, positions=range(1, 3))])
+        got.append(store.gather(0, torch.arange(20), torch.zeros(0, dtype=torch.long)))
+    for a, b in zip(*got):
+        assert torch.equal(a, b)
+    assert got[0][0][8:12].abs().sum() > 0 and torch.equal(got[0][0][17:19], got[0][0][13:15])  # demoted, copied

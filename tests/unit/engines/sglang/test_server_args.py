@@ -96,6 +96,17 @@ def test_settings_geometry_needs_whole_pages():
         s.geometry(36, 4, 128, 64)
 
 
+def test_page_layout_travels_to_every_process():
+    cfg = SGLangEngineConfig(model_path="m", rotations="/art/q3", cache=OscarCacheConfig(page_layout="head"))
+    env = sglang_env(cfg)
+    assert env["OSCAR_PAGE_LAYOUT"] == "head"
+    s = OscarSettings.from_env(env)
+    assert s == cfg.settings() and s.geometry(36, 8, 128, 64).head_major
+    assert not OscarSettings(rotations="identity").geometry(36, 8, 128, 64).head_major
+    with pytest.raises(ValueError, match="OSCAR_PAGE_LAYOUT must be token or head"):
+        OscarSettings.from_env({**env, "OSCAR_PAGE_LAYOUT": "headmajor"})
+
+
 def test_three_bit_keys_travel_to_every_process():
     cfg = SGLangEngineConfig(model_path="m", rotations="/art/q3", cache=OscarCacheConfig(key_bits=3))
     env = sglang_env(cfg)
