@@ -73,6 +73,7 @@ def test_page_bytes_cover_all_layers_heads_and_tokens():
         (dict(key_bits=4), "key_bits"),
         (dict(key_bits=True), "key_bits"),
         (dict(key_bits=3, head_dim=4), "key_bits"),
+        (dict(head_major="head"), "head_major"),
     ],
 )
 def test_validation_names_the_parameter(kwargs, name):
