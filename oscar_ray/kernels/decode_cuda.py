@@ -208,6 +208,8 @@ def launch_plan(q: torch.Tensor, kv: PagedKV, geo: KVGeometry, seg: Segments, mi
     if (read_only or bulk) and not pipe:
         raise ValueError(f"{'read_only' if read_only else 'bulk'} needs the cp.async ring (pipe >= 3)")
     if bulk:
+        if half_rows:
+            raise ValueError("bulk and half_rows are two mappings of the ring's copies: pick one")
         _check_bulk(kv, geo.int2_page_size)
     ints = (q.stride(0), q.stride(1), c[0], c[2], s[0], s[2], table.stride(0), hq, total, n_splits)
     if max(ints) >= 2**31:  # the kernel's stride / count parameters are 32-bit (offsets are 64-bit)

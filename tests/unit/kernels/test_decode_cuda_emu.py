@@ -149,6 +149,8 @@ def test_bulk_needs_head_major_pages_and_whole_runs(seed):
     kv, seg, q = _cache(4, 24, [100], [0], seed, head_major_scales=True, head_major_codes=True)
     with pytest.raises(ValueError, match="page size"):
         _partials(q, kv, seg, 2, 4, False, bulk=True)
+    with pytest.raises(ValueError, match="pick one"):
+        _partials(q, kv, seg, 2, 4, False, half_rows=True, bulk=True)
 
 
 def test_partial_rows_are_per_split_softmax(seed):
