@@ -106,6 +106,20 @@ def test_extend_dequant_method_matches_reference(seed, key_bits, group_size, pre
     assert_close_verbose(out, fused, 2 * atol, 2 * rtol, what="dequant vs fused")
 
 
+@pytest.mark.parametrize("key_bits", [2, 3])
+def test_extend_on_head_major_pages(seed, key_bits):
+    # INT2 pages stored head-major (cache.page_layout head): both extend methods read them by strides
+    hkv, d = 2, 64
+    kv, seg = random_mixed_cache([37, 5, 0, 70], [10, 0, 0, 3], hkv, d, key_bits=key_bits, seed=seed,
+                                 head_major_scales=True, head_major_codes=True)
+    assert kv.k_codes.stride(1) == kv.k_codes.shape[-1] and kv.k_scales.stride(1) == 2
+    q, k, v, indptr = _chunk([21, 0, 19, 1], 3 * hkv, hkv, d)
+    ref = extend_attention_reference(q, k, v, kv, seg, indptr)
+    for method in ("fused", "dequant"):
+        out = int2_extend_attention(q, k, v, kv, seg, indptr, block_m=16, block_n=16, precision="ieee", method=method)
+        assert_close_verbose(out, ref, *TOLERANCES["ieee"], what=f"{method} bits {key_bits}")
+
+
 def test_extend_gather_rows_bit_exact(seed):
     # the gathered K/V rows equal the reference dequantisation (fp32) and the bf16 tiers / chunk as stored
     from oscar_ray.kernels.extend_dequant import gather_extend_kv
