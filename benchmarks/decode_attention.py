@@ -30,12 +30,19 @@ from oscar_ray.kernels import (bf16_write, bf16_write_kv, default_num_splits, de
 from oscar_ray.kernels.decode_attention import default_block_n
 from oscar_ray.kernels import decode_cuda
 from oscar_ray.kernels.decode_cuda import cuda_unsupported, default_cuda_splits
+from oscar_ray.kernels.layout import head_major
 from oscar_ray.kernels.synthetic import random_mixed_cache
 
 HQ, HKV, D, PAGE = 32, 8, 128, 8  # Qwen3-8B attention geometry
 SINK, RECENT = 64, 256  # BF16 tokens per request (OSCAR_SPEC §4)
 L2_BYTES = 192 << 20  # > 3× the H200's 50 MB L2
 
+
+
+def _layout(args) -> dict:
+    """random_mixed_cache's keywords for --page-layout (head: codes and (s, z) stored head-major)."""
+    head = getattr(args, "page_layout", "token") == "head"
+    return {"head_major_scales": head, "head_major_codes": head}
 
 def _percentiles(samples: list[float]) -> tuple[float, float, float]:
     q = statistics.quantiles(samples, n=10)
@@ -102,7 +109,7 @@ def bench_decode(batch: int, ctx: int, args, device: str) -> list[str] | None:
     if not _fits(3 * (ours_bytes + sdpa_bytes), device):
         return [str(batch), str(ctx), "skipped (memory)", "", "", "", "", "", "", "", "", ""]
     kv, seg = random_mixed_cache([n2] * batch, [SINK + RECENT] * batch, HKV, D, scale_dtype=args.scale_dtype,
-                                 device=device, key_bits=args.key_bits)
+                                 device=device, key_bits=args.key_bits, **_layout(args))
     block_n = args.block_n or default_block_n(batch, HKV, n2)
     # the INT2 tier's launcher default: the CUDA kernel has its own split rule
     cuda = args.int2_kernel != "triton" and cuda_unsupported(
@@ -209,8 +216,9 @@ def bench_writes(batch: int, args, device: str) -> list[str]:
     slots = torch.arange(batch, device=device, dtype=torch.int32)
     zero = torch.zeros(batch, device=device, dtype=torch.int32)
     pages, vpages = (torch.zeros(batch, PAGE, HKV, D, device=device, dtype=torch.bfloat16) for _ in "kv")
-    codes, vcodes = (torch.zeros(batch, PAGE, HKV, D // 4, device=device, dtype=torch.uint8) for _ in "kv")
-    scales, vscales = (torch.zeros(batch, PAGE, HKV, 2, device=device, dtype=args.scale_dtype) for _ in "kv")
+    store = head_major if _layout(args)["head_major_codes"] else (lambda t: t)
+    codes, vcodes = (store(torch.zeros(batch, PAGE, HKV, D // 4, device=device, dtype=torch.uint8)) for _ in "kv")
+    scales, vscales = (store(torch.zeros(batch, PAGE, HKV, 2, device=device, dtype=args.scale_dtype)) for _ in "kv")
     # `copies` calls per graph, as a decode step captured for all layers runs them back to back: one
     # call per graph replay would time the graph launch (~8-10 µs on the H200), not the kernels
     two16 = lambda n: [lambda: (bf16_write(x, r, slots, zero, pages), bf16_write(x, r, slots, zero, vpages))] * n
@@ -264,7 +272,8 @@ def bench_extend(ctx: int, chunk: int, args, device: str, dequant: bool = True, 
     num_stages of the fused kernel (benchmarks/extend_sweep.py, which leaves out the dequant
     route: it has no tiles), else its defaults."""
     prefix = ctx - chunk
-    kv, seg = random_mixed_cache([prefix - SINK], [SINK], HKV, D, scale_dtype=args.scale_dtype, device=device)
+    kv, seg = random_mixed_cache([prefix - SINK], [SINK], HKV, D, scale_dtype=args.scale_dtype, device=device,
+                                 **_layout(args))
     q = torch.randn(chunk, HQ, D, device=device, dtype=torch.bfloat16)
     k, v = (torch.randn(chunk, HKV, D, device=device, dtype=torch.bfloat16) for _ in "kv")
     indptr = torch.tensor([0, chunk], dtype=torch.int32, device=device)
@@ -326,6 +335,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
     p.add_argument("--extend-contexts", type=int, nargs="*", default=[8192, 32768])
     p.add_argument("--key-bits", type=int, default=2, choices=[2, 3], help="3: the cache's 3-bit key layout")
+    p.add_argument("--page-layout", default="token", choices=["token", "head"],
+                   help="INT2 pages' memory order (cache.page_layout): head = stored head-major")
     p.add_argument("--extend-chunk", type=int, default=2048)
     p.add_argument("--replays", type=int, default=20)
     p.add_argument("--repeats", type=int, default=5)
@@ -375,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
         f"- torch {torch.__version__}, triton {triton.__version__}, commit {_commit()},"
         f" python {sys.version.split()[0]}",
         f"- geometry: {HQ} q heads, {HKV} KV heads, d {D}, page {PAGE}; BF16 sink {SINK} + recent {RECENT} tokens,"
-        f" INT2 rest ({args.key_bits}-bit keys); scales {str(args.scale_dtype).split('.')[-1]}; decode precision {args.precision}, INT2 tier kernel {args.int2_kernel} (CUDA pipe {decode_cuda.DEFAULT_PIPE}),"
+        f" INT2 rest ({args.key_bits}-bit keys, {args.page_layout}-major pages); scales {str(args.scale_dtype).split('.')[-1]}; decode precision {args.precision}, INT2 tier kernel {args.int2_kernel} (CUDA pipe {decode_cuda.DEFAULT_PIPE}),"
         f" block_n {args.block_n or 'default_block_n'}, warps {args.num_warps} (writes {args.write_warps or 'launcher default'}),"
         f" stages {args.num_stages},"
         f" maxnreg {'launcher default' if args.max_registers is None else args.max_registers or 'ptxas'}",
