@@ -26,7 +26,8 @@ step() {  # step NAME SECONDS CMD...: stdout+stderr to $OUT/NAME.log, exit statu
   echo "$name rc=$? ${secs}s limit, $((SECONDS - t0))s" | tee -a "$OUT/round.txt"
 }
 # ROUND_STEPS picks the steps; each call must fit the device's 600 s (the steps' limits add up):
-#   call 1 (default) "ncu sweep": 3 x 60 + 400 s, the load-path question (ceiling, bulk, layouts);
+#   call 1 (default) "ncu sweep": 3 x 75 + 360 s, the load-path question (ceiling, bulk, layouts;
+#   the sweep prints rows as they come, most important shape first, so a cut loses bs 1 x 16K);
 #   call 2 "tests": tests/gpu (ring variants first), 220 s, more on an H100;
 #   call 3 "append decode": 130 + 170 s, the decode table and the sglang writer-program write.
 STEPS=" ${ROUND_STEPS:-ncu sweep} "
@@ -44,9 +45,9 @@ if has ncu && command -v ncu > /dev/null; then
   NCU=(ncu -k regex:oscar_int2 -c 1 --clock-control none --section SpeedOfLight --section Occupancy
        --section SchedulerStats --section WarpStateStats --section MemoryWorkloadAnalysis
        --section MemoryWorkloadAnalysis_Tables)  # L1TEX requests, sectors, wavefronts per access kind
-  step ncu_ring 60 "${NCU[@]}" python3 benchmarks/ncu_decode.py 8 131072 128 4 3 16 --calls 1
-  step ncu_ceiling 60 "${NCU[@]}" python3 benchmarks/ncu_decode.py 8 131072 128 4 3 16 --calls 1 --read-only
-  step ncu_head_pages 60 "${NCU[@]}" python3 benchmarks/ncu_decode.py 8 131072 128 4 3 16 --calls 1 --layout head-pages
+  step ncu_ring 75 "${NCU[@]}" python3 benchmarks/ncu_decode.py 8 131072 128 4 3 16 --calls 1
+  step ncu_ceiling 75 "${NCU[@]}" python3 benchmarks/ncu_decode.py 8 131072 128 4 3 16 --calls 1 --read-only
+  step ncu_head_pages 75 "${NCU[@]}" python3 benchmarks/ncu_decode.py 8 131072 128 4 3 16 --calls 1 --layout head-pages
 fi
 # 5. A/B of the INT2 tier in one run: ring copies one token per lane (copies 0), whole sectors
 #    (1: half_rows) or one cp.async.bulk per page run (2: bulk, head-major pages only); the pools'
@@ -54,7 +55,7 @@ fi
 #    256-B run); and each config's copies alone (--ceiling: read_only, no attention), which says
 #    whether the load path or the compute holds the kernel at ~1.8 TB/s (30 rows, ~300-400 s;
 #    SWEEP_LIMIT / SWEEP_CONFIGS / SWEEP_SHAPES / SWEEP_LAYOUTS narrow it to fit beside other steps)
-has sweep && step cuda_sweep "${SWEEP_LIMIT:-400}" python3 benchmarks/decode_cuda_sweep.py --no-triton --skip-check \
+has sweep && step cuda_sweep "${SWEEP_LIMIT:-360}" python3 benchmarks/decode_cuda_sweep.py --no-triton --skip-check \
   --ceiling --layouts ${SWEEP_LAYOUTS:-token head-pages} --configs ${SWEEP_CONFIGS:-4:0:0:2:4:0 4:0:0:2:4:1 4:0:0:2:4:2} \
   --shapes ${SWEEP_SHAPES:-8x131072 8x65536 1x16384} --out "$OUT/cuda.md"
 exit 0
