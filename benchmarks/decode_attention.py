@@ -30,7 +30,7 @@ from oscar_ray.kernels import (bf16_write, bf16_write_kv, default_num_splits, de
 from oscar_ray.kernels.decode_attention import default_block_n
 from oscar_ray.kernels import decode_cuda
 from oscar_ray.kernels.decode_cuda import cuda_unsupported, default_cuda_splits
-from oscar_ray.kernels.layout import head_major
+from oscar_ray.kernels.layout import int2_zeros
 from oscar_ray.kernels.synthetic import random_mixed_cache
 
 HQ, HKV, D, PAGE = 32, 8, 128, 8  # Qwen3-8B attention geometry
@@ -38,11 +38,11 @@ SINK, RECENT = 64, 256  # BF16 tokens per request (OSCAR_SPEC §4)
 L2_BYTES = 192 << 20  # > 3× the H200's 50 MB L2
 
 
-
 def _layout(args) -> dict:
     """random_mixed_cache's keywords for --page-layout (head: codes and (s, z) stored head-major)."""
     head = getattr(args, "page_layout", "token") == "head"
     return {"head_major_scales": head, "head_major_codes": head}
+
 
 def _percentiles(samples: list[float]) -> tuple[float, float, float]:
     q = statistics.quantiles(samples, n=10)
@@ -216,9 +216,9 @@ def bench_writes(batch: int, args, device: str) -> list[str]:
     slots = torch.arange(batch, device=device, dtype=torch.int32)
     zero = torch.zeros(batch, device=device, dtype=torch.int32)
     pages, vpages = (torch.zeros(batch, PAGE, HKV, D, device=device, dtype=torch.bfloat16) for _ in "kv")
-    store = head_major if _layout(args)["head_major_codes"] else (lambda t: t)
-    codes, vcodes = (store(torch.zeros(batch, PAGE, HKV, D // 4, device=device, dtype=torch.uint8)) for _ in "kv")
-    scales, vscales = (store(torch.zeros(batch, PAGE, HKV, 2, device=device, dtype=args.scale_dtype)) for _ in "kv")
+    head = _layout(args)["head_major_codes"]
+    codes, vcodes = (int2_zeros((batch, PAGE, HKV, D // 4), torch.uint8, device, head) for _ in "kv")
+    scales, vscales = (int2_zeros((batch, PAGE, HKV, 2), args.scale_dtype, device, head) for _ in "kv")
     # `copies` calls per graph, as a decode step captured for all layers runs them back to back: one
     # call per graph replay would time the graph launch (~8-10 µs on the H200), not the kernels
     two16 = lambda n: [lambda: (bf16_write(x, r, slots, zero, pages), bf16_write(x, r, slots, zero, vpages))] * n

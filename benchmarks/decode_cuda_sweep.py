@@ -5,7 +5,7 @@
 A config is warps:splits[:min_blocks[:shiftless[:pipe[:copies]]]] (splits 0: default_cuda_splits; min_blocks absent
 or 0: the launcher's; shiftless 0: the shift-per-code unpack, 1: bf16 masks in place, 2 (default): and fp16
 keys; pipe P >= 3: cp.async ring of P steps; copies 1: half_rows, the ring's copies read whole sectors, two lanes per
-token; 2: bulk, one cp.async.bulk per page run (head-major pages only: rows of other layouts say 'failed')).
+token; 2: bulk, one cp.async.bulk per page run (head-major pages only: left out of the other layouts' rows)).
 --layouts picks the INT2 tier's memory order (token: the pools'; head-scales: (s, z) stored head-major; head-pages:
 codes too, so one KV head's rows of a page are one 256-byte run); --ceiling adds, per ring config, the same call
 with the INT2 tier's attention left out (read_only: the ring's copies and waits alone), the load path's ceiling.

@@ -66,6 +66,14 @@ def _min_blocks(nt: int, warps: int, pipe: int = 0) -> int:
     return max(1, 8 // warps)
 
 
+def _check_ring_options(pipe: int, half_rows: bool, read_only: bool, bulk: bool) -> None:
+    for flag, on in (("read_only", read_only), ("bulk", bulk)):
+        if on and not pipe:
+            raise ValueError(f"{flag} needs the cp.async ring (pipe >= 3)")
+    if bulk and half_rows:
+        raise ValueError("bulk and half_rows are two mappings of the ring's copies: pick one")
+
+
 def kernel_source(gqa: int, page: int, warps: int, min_blocks: int | None = None, shiftless: int = 2,
                   code_tok: int = 256, scale_tok: int = 16, pipe: int = 0, half_rows: bool = False,
                   read_only: bool = False, bulk: bool = False) -> str:
@@ -74,9 +82,7 @@ def kernel_source(gqa: int, page: int, warps: int, min_blocks: int | None = None
     one shift per key word), the token strides of codes (bytes) and scales (elements), the ring's
     depth and copy mapping (bulk: one cp.async.bulk per page run), and read_only: the ring's copies
     alone, for benchmarks' ceiling)."""
-    for flag, on in (("read_only", read_only), ("bulk", bulk)):
-        if on and not pipe:
-            raise ValueError(f"{flag} needs the cp.async ring (pipe >= 3)")
+    _check_ring_options(pipe, half_rows, read_only, bulk)
     nt = -(-gqa // 8)
     min_blocks = min_blocks or _min_blocks(nt, warps, pipe)
     return (_SOURCE.replace("__NT__", str(nt)).replace("__G__", str(gqa)).replace("__PAGE__", str(page))
@@ -205,11 +211,8 @@ def launch_plan(q: torch.Tensor, kv: PagedKV, geo: KVGeometry, seg: Segments, mi
     if pipe not in (0, 3, 4, 5, 6) or warps * pipe * STEP_BYTES > RING_BYTES:
         raise ValueError(f"pipe must be 0 or 3-6 steps with warps x pipe x {STEP_BYTES} B <= 48 KB of static "
                          f"shared memory, got pipe {pipe} at {warps} warps")
-    if (read_only or bulk) and not pipe:
-        raise ValueError(f"{'read_only' if read_only else 'bulk'} needs the cp.async ring (pipe >= 3)")
+    _check_ring_options(pipe, half_rows, read_only, bulk)
     if bulk:
-        if half_rows:
-            raise ValueError("bulk and half_rows are two mappings of the ring's copies: pick one")
         _check_bulk(kv, geo.int2_page_size)
     ints = (q.stride(0), q.stride(1), c[0], c[2], s[0], s[2], table.stride(0), hq, total, n_splits)
     if max(ints) >= 2**31:  # the kernel's stride / count parameters are 32-bit (offsets are 64-bit)

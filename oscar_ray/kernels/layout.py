@@ -37,6 +37,15 @@ def head_major(x: torch.Tensor) -> torch.Tensor:
     return x.transpose(-3, -2).contiguous().transpose(-3, -2)
 
 
+def int2_zeros(shape: tuple[int, ...], dtype: torch.dtype, device, head_major: bool = False) -> torch.Tensor:
+    """Zero pages of logical shape [..., page, token, H_kv, w]; head_major allocates them in the
+    [..., page, H_kv, token, w] order directly (a pool is GBs: no second, token-major copy)."""
+    if not head_major:
+        return torch.zeros(shape, dtype=dtype, device=device)
+    *lead, p, t, h, w = shape
+    return torch.zeros((*lead, p, h, t, w), dtype=dtype, device=device).transpose(-3, -2)
+
+
 @dataclass(frozen=True, slots=True)
 class KVGeometry:
     """Sizes read off a PagedKV (validated)."""

@@ -30,7 +30,7 @@ from sglang.srt.constants import GPU_MEMORY_TYPE_KV_CACHE
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 
 from oscar_ray.kernels import PagedKV, bf16_write_kv, int2_write_kv
-from oscar_ray.kernels.layout import head_major
+from oscar_ray.kernels.layout import int2_zeros
 
 from .settings import SCALE_BYTES, OscarSettings
 from .sharding import RankRotations
@@ -96,8 +96,7 @@ class OscarMHATokenToKVPool(MHATokenToKVPool):
         dev = self.device
 
         def per_layer(shape, dtype, int2=False):  # INT2 tensors head-major when the geometry says so
-            store = head_major if int2 and g.head_major else (lambda t: t)
-            return [store(torch.zeros(shape, dtype=dtype, device=dev)) for _ in range(self.layer_num)]
+            return [int2_zeros(shape, dtype, dev, int2 and g.head_major) for _ in range(self.layer_num)]
 
         with self.memory_saver_adapter.region(GPU_MEMORY_TYPE_KV_CACHE):
             self.k_codes = per_layer(g.key_code_shape(n_pages), torch.uint8, True)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from oscar_ray.cache import Demotion, PageCopy, PageGeometry, PageKind
-from oscar_ray.kernels.layout import PagedKV, head_major
+from oscar_ray.kernels.layout import PagedKV, int2_zeros
 from oscar_ray.kernels.reference import int2_write_reference
 from oscar_ray.quant.int2 import dequantize_int2, scale_dtype_of, unpack_codes
 
@@ -35,7 +35,7 @@ class KVStore:
         n2 = max(1, n_int2_pages)  # the kernels want a real tensor even when the pool is empty
         L, P, H, d = g.n_layers, g.page_size, g.n_kv_heads, g.head_dim
         mk = lambda shape, dt: torch.zeros(shape, dtype=dt, device=self.device)  # noqa: E731
-        mk2 = lambda shape, dt: head_major(mk(shape, dt)) if g.head_major else mk(shape, dt)  # noqa: E731
+        mk2 = lambda shape, dt: int2_zeros(shape, dt, self.device, g.head_major)  # noqa: E731
         self.key_bits = g.key_bits
         self.k_codes = mk2((L,) + g.key_code_shape(n2), torch.uint8)
         self.v_codes = mk2((L,) + g.int2_code_shape(n2), torch.uint8)

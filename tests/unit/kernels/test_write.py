@@ -5,6 +5,7 @@ import torch
 
 from oscar_ray.kernels import bf16_write, bf16_write_kv, demote_pages, demote_pages_kv, int2_write, int2_write_kv
 from oscar_ray.kernels.reference import bf16_write_reference, int2_write_reference
+from oscar_ray.kernels.layout import head_major as stored_head_major
 from tests.utils import assert_close_verbose
 
 PAGE = 8
@@ -57,7 +58,7 @@ def _pages(n_pages, h, d, groups, scale_dtype, bits=2, head_major=False):
     codes = torch.full((n_pages, PAGE, h, d * bits // 8), SENTINEL, dtype=torch.uint8)
     scales = torch.full((n_pages, PAGE, h, 2 * groups), -7.0, dtype=scale_dtype)
     if head_major:  # same logical [page, token, head, ...], stored [page, head, token, ...]
-        codes, scales = (x.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3) for x in (codes, scales))
+        codes, scales = stored_head_major(codes), stored_head_major(scales)
     return codes, scales
 
 
