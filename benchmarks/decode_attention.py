@@ -140,7 +140,8 @@ def bench_decode(batch: int, ctx: int, args, device: str) -> list[str] | None:
         return [lambda c=c: int2_decode_attention(q, c[0], c[1], num_splits=splits, block_n=block_n,
                                                   num_warps=args.num_warps, num_stages=args.num_stages,
                                                   precision=args.precision, max_registers=args.max_registers,
-                                                  int2_kernel=args.int2_kernel, **extra)
+                                                  int2_kernel=args.int2_kernel, cuda_copies=args.cuda_copies,
+                                                  **extra)
                 for c in caches]
 
     t_ours = time_calls(ours, ours_bytes, args)
@@ -356,6 +357,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="who computes the INT2 tier (int2_decode_attention's int2_kernel)")
     p.add_argument("--cuda-pipe", type=int, default=None,
                    help="decode_cuda.DEFAULT_PIPE for the CUDA INT2 tier (0: register prefetch; 3-6: cp.async ring)")
+    p.add_argument("--cuda-copies", default="auto", choices=["auto", "lane", "half_rows", "bulk"],
+                   help="the CUDA ring's refill (int2_decode_attention's cuda_copies; bulk: --page-layout head)")
     p.add_argument("--peak-gbs", type=float, default=4600.0, help="HBM bandwidth for the %% column (H200)")
     args = p.parse_args(argv)
     if args.cuda_pipe is not None:  # default_cuda_splits reads it too (4 resident CTAs per SM with the ring)
@@ -386,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
         f"- torch {torch.__version__}, triton {triton.__version__}, commit {_commit()},"
         f" python {sys.version.split()[0]}",
         f"- geometry: {HQ} q heads, {HKV} KV heads, d {D}, page {PAGE}; BF16 sink {SINK} + recent {RECENT} tokens,"
-        f" INT2 rest ({args.key_bits}-bit keys, {args.page_layout}-major pages); scales {str(args.scale_dtype).split('.')[-1]}; decode precision {args.precision}, INT2 tier kernel {args.int2_kernel} (CUDA pipe {decode_cuda.DEFAULT_PIPE}),"
+        f" INT2 rest ({args.key_bits}-bit keys, {args.page_layout}-major pages); scales {str(args.scale_dtype).split('.')[-1]}; decode precision {args.precision}, INT2 tier kernel {args.int2_kernel} (CUDA pipe {decode_cuda.DEFAULT_PIPE}, copies {args.cuda_copies}),"
         f" block_n {args.block_n or 'default_block_n'}, warps {args.num_warps} (writes {args.write_warps or 'launcher default'}),"
         f" stages {args.num_stages},"
         f" maxnreg {'launcher default' if args.max_registers is None else args.max_registers or 'ptxas'}",

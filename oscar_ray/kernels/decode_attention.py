@@ -26,7 +26,7 @@ from ._append import _append_int2, _append_step, append_args
 from ._attn_tiles import _int2_step, _load_q4, _page_bases, _rows_step, _store4
 from ._validate import (FLOAT_ROWS, check_positive, check_pow2, check_precision, check_rotation, check_tensor,
                         nonempty_table)
-from .decode_cuda import cuda_unsupported, default_cuda_splits, int2_tier_cuda
+from .decode_cuda import COPIES, cuda_unsupported, default_copies, default_cuda_splits, int2_tier_cuda
 from .layout import PagedKV, Segments
 from .reference import rotate_heads
 
@@ -185,7 +185,7 @@ def int2_decode_attention(q: torch.Tensor, kv: PagedKV, seg: Segments, *, k_rota
                           append_k: torch.Tensor | None = None, append_v: torch.Tensor | None = None,
                           int2_kernel: str = "auto", rotate_append: bool = False,
                           append_int2: tuple[torch.Tensor, torch.Tensor] | None = None,
-                          append_clip: tuple[float, float] = (0.0, 0.0)) -> torch.Tensor:
+                          append_clip: tuple[float, float] = (0.0, 0.0), cuda_copies: str = "auto") -> torch.Tensor:
     """One decode query per request over its INT2 + BF16 tokens → o [B, Hq, d] float32.
 
     q [B, Hq, d] is in the rotated K basis unless k_rotation (fp32 [d, d] or [H_kv, d, d]) is given,
@@ -221,6 +221,9 @@ def int2_decode_attention(q: torch.Tensor, kv: PagedKV, seg: Segments, *, k_rota
     keys, fp16 scales, bf16, GQA <= 16, page >= 8, sm_80+; ValueError naming what is missing
     otherwise), "auto" (cuda when it can, else triton).  The BF16 tier and the merge are Triton
     either way; num_splits / block_n / num_stages / max_registers then apply to the Triton tier only.
+    cuda_copies: how the CUDA tier's ring is refilled: "lane" (one token per lane), "half_rows" (two
+    lanes per token, whole sectors), "bulk" (one cp.async.bulk per page run: head-major pages, sm_90)
+    or "auto" (decode_cuda.default_copies); ignored when the Triton kernel serves the INT2 tier.
     Example: o = int2_decode_attention(q, PagedKV(...), Segments(...), k_rotation=R_K, v_rotation=R_V)
     """
     geo = kv.geometry()
@@ -236,6 +239,8 @@ def int2_decode_attention(q: torch.Tensor, kv: PagedKV, seg: Segments, *, k_rota
     if int2_kernel == "cuda" and why_not_cuda:
         raise ValueError(f"int2_kernel='cuda' cannot serve this call: {why_not_cuda}")
     use_cuda = why_not_cuda is None
+    if cuda_copies not in ("auto", *COPIES):
+        raise ValueError(f"cuda_copies must be 'auto' or one of {COPIES}, got {cuda_copies!r}")
     fast = geo.group_size == d and precision in ("bf16", "bf16_interp", "fp16")
     if block_n is None:
         block_n = default_block_n(b, hkv, max_int2_len, num_sms) if fast else 64
@@ -273,7 +278,10 @@ def int2_decode_attention(q: torch.Tensor, kv: PagedKV, seg: Segments, *, k_rota
     block_h = max(16, triton.next_power_of_2(g))
     t2, t16 = nonempty_table(seg.int2_page_table), nonempty_table(seg.bf16_page_table)
     if use_cuda:
-        int2_tier_cuda(q, kv, geo, seg, mid_o, mid_lse, qk_scale, s2)
+        cap = torch.cuda.get_device_capability(q.device) if q.is_cuda else (0, 0)  # (0, 0): the CPU emulator
+        copies = default_copies(kv, geo, cap) if cuda_copies == "auto" else cuda_copies
+        int2_tier_cuda(q, kv, geo, seg, mid_o, mid_lse, qk_scale, s2, half_rows=copies == "half_rows",
+                       bulk=copies == "bulk")
     writers = 2 if app.constexprs["INT2W"] else 0
     _decode_stage1_kernel[(b, hkv, (s16 if use_cuda else total) + writers)](
         q, kv.k_codes, kv.k_scales, kv.v_codes, kv.v_scales, t2, seg.int2_lens, kv.k_bf16, kv.v_bf16, t16,

@@ -183,6 +183,28 @@ def _check_bulk(kv: PagedKV, page: int) -> None:
         raise ValueError("bulk needs 16-byte aligned page and head strides and tensors")
 
 
+# The ring's copy mapping when a caller leaves it to the launcher (int2_decode_attention's
+# cuda_copies="auto"): "lane" (one token per lane, measured default), "half_rows" or "bulk" on
+# head-major pages.  Token-major pages always get "lane" (bulk needs a KV head's rows contiguous).
+HEAD_MAJOR_COPIES = "lane"
+COPIES = ("lane", "half_rows", "bulk")
+
+
+def default_copies(kv: PagedKV, geo: KVGeometry, capability: tuple[int, int]) -> str:
+    """The copy mapping "auto" picks for this cache on a device of this compute capability."""
+    c, s = kv.k_codes.stride(), kv.k_scales.stride()
+    if not (c[1] == 32 and s[1] == 2) or HEAD_MAJOR_COPIES == "lane":
+        return "lane"
+    if HEAD_MAJOR_COPIES == "bulk":
+        if capability < (9, 0):
+            return "lane"
+        try:
+            _check_bulk(kv, geo.int2_page_size)
+        except ValueError:
+            return "lane"
+    return HEAD_MAJOR_COPIES
+
+
 def launch_plan(q: torch.Tensor, kv: PagedKV, geo: KVGeometry, seg: Segments, mid_o: torch.Tensor,
                 mid_lse: torch.Tensor, qk_scale: float, n_splits: int, warps: int = 4, min_blocks: int | None = None,
                 shiftless: int = 2, pipe: int | None = None, half_rows: bool = False,

@@ -5,13 +5,10 @@ half_rows and bulk refills against the register path, and the read_only copy cei
 so a device round that times them has also checked them.  Skipped without CUDA.
 """
 
-from functools import partial
-
 import numpy as np
 import pytest
 import torch
 
-from oscar_ray.kernels import decode_attention as dec
 from oscar_ray.kernels import int2_decode_attention
 from oscar_ray.kernels.decode_cuda import int2_tier_cuda
 from oscar_ray.kernels.reference import decode_attention_reference
@@ -39,7 +36,7 @@ def _partials(q, kv, seg, **opts):
 
 
 @pytest.mark.parametrize("page", [8, 64])
-def test_ring_refills_equal_the_register_path_cuda(seed, page, monkeypatch):
+def test_ring_refills_equal_the_register_path_cuda(seed, page):
     # head-major pages (the layout bulk needs; the other refills read it through strides)
     kv, seg = _cache(page, True, seed)
     q = torch.randn(len(INT2), HKV * G, D, device="cuda")
@@ -48,9 +45,10 @@ def test_ring_refills_equal_the_register_path_cuda(seed, page, monkeypatch):
     for opts in ({"pipe": 4}, {"pipe": 4, "half_rows": True}, {"pipe": 4, "bulk": True}, {"pipe": 3, "bulk": True}):
         for a, b in zip(ref, _partials(q, kv, seg, **opts)):
             assert_close_verbose(b, a, 1e-6, 1e-6, what=str(opts))
-    monkeypatch.setattr(dec, "int2_tier_cuda", partial(dec.int2_tier_cuda, bulk=True))  # the whole decode on bulk
-    out = int2_decode_attention(q, kv, seg, int2_kernel="cuda")
-    assert_close_verbose(out, decode_attention_reference(q, kv, seg), 3e-3, 1e-2, what=f"bulk page {page}")
+    ref_o = decode_attention_reference(q, kv, seg)
+    for copies in ("bulk", "half_rows"):  # the whole decode on each refill
+        out = int2_decode_attention(q, kv, seg, int2_kernel="cuda", cuda_copies=copies)
+        assert_close_verbose(out, ref_o, 3e-3, 1e-2, what=f"{copies} page {page}")
 
 
 @pytest.mark.parametrize("head_major, opts", [(False, {}), (False, {"half_rows": True}), (True, {"bulk": True})])

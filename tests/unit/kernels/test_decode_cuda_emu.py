@@ -87,6 +87,41 @@ def test_cuda_tier_launcher_options(cuda_tier, seed, opts):
     assert_close_verbose(out, decode_attention_reference(q, kv, seg), *BF16_TOL, what=str(opts))
 
 
+@pytest.mark.parametrize("copies", ["lane", "half_rows", "bulk", "auto"])
+def test_cuda_copies_selects_the_refill(cuda_tier, seed, copies, monkeypatch):
+    kv, seg, q = _cache(4, 8, [600, 33, 0], [70, 0, 9], seed, head_major_scales=True, head_major_codes=True)
+    seen = []
+    run = cuda_emu.run
+    monkeypatch.setattr(cuda_emu, "run", lambda plan, early: (seen.append(plan.source_args[-3:]), run(plan, early)))
+    out = int2_decode_attention(q, kv, seg, num_splits=3, bf16_splits=2, cuda_copies=copies)
+    assert_close_verbose(out, decode_attention_reference(q, kv, seg), *BF16_TOL, what=copies)
+    # source_args end (half_rows, read_only, bulk); auto on the CPU emulator (no sm_90) is per lane
+    assert seen == [(copies == "half_rows", False, copies == "bulk")]
+
+
+def test_cuda_copies_errors(cuda_tier, seed):
+    kv, seg, q = _cache(4, 8, [600, 33], [70, 0], seed)  # token-major pages
+    with pytest.raises(ValueError, match="cuda_copies"):
+        int2_decode_attention(q, kv, seg, cuda_copies="tma")
+    with pytest.raises(ValueError, match="bulk needs head-major pages"):
+        int2_decode_attention(q, kv, seg, cuda_copies="bulk")
+
+
+@pytest.mark.parametrize("policy", ["lane", "half_rows", "bulk"])
+def test_default_copies_policy(seed, policy, monkeypatch):
+    monkeypatch.setattr(decode_cuda, "HEAD_MAJOR_COPIES", policy)
+    token, _ = random_mixed_cache([40], [0], 2, D, int2_page_size=8, scale_dtype=torch.float16, seed=seed)
+    head, _ = random_mixed_cache([40], [0], 2, D, int2_page_size=8, scale_dtype=torch.float16, seed=seed,
+                                 head_major_scales=True, head_major_codes=True)
+    odd, _ = random_mixed_cache([40], [0], 2, D, int2_page_size=24, scale_dtype=torch.float16, seed=seed,
+                                head_major_scales=True, head_major_codes=True)
+    pick = decode_cuda.default_copies
+    assert pick(token, token.geometry(), (9, 0)) == "lane"  # bulk needs a KV head's rows contiguous
+    assert pick(head, head.geometry(), (9, 0)) == policy
+    assert pick(head, head.geometry(), (8, 0)) == ("lane" if policy == "bulk" else policy)  # no cp.async.bulk
+    assert pick(odd, odd.geometry(), (9, 0)) == ("lane" if policy == "bulk" else policy)  # 24 does not divide 32
+
+
 @pytest.mark.parametrize("pipe", [0, decode_cuda.DEFAULT_PIPE])
 def test_running_max_that_keeps_rising(cuda_tier, seed, pipe):
     # key scales growing along each request (x1 .. x5) and q x 2: a warp's later steps score far above
