@@ -26,12 +26,15 @@ step() {  # step NAME SECONDS CMD...: stdout+stderr to $OUT/NAME.log, exit statu
   echo "$name rc=$? ${secs}s limit, $((SECONDS - t0))s" | tee -a "$OUT/round.txt"
 }
 # ROUND_STEPS picks the steps; each call must fit the device's 600 s (the steps' limits add up):
-#   call 1 (default) "ncu sweep": 3 x 75 + 360 s, the load-path question (ceiling, bulk, layouts;
-#   the sweep prints rows as they come, most important shape first, so a cut loses bs 1 x 16K);
+#   call 1 (default) "ringtest ncu ncuhead sweep": 60 + 2 x 75 + 360 s, the load-path question
+#   (the ring variants checked on the card first; ceiling, bulk, layouts; the sweep prints rows as
+#   they come, most important shape first, so a cut loses bs 1 x 16K); "ncuceil" profiles the ceiling;
 #   call 2 "tests": tests/gpu (ring variants first), 220 s, more on an H100;
 #   call 3 "append decode": 130 + 170 s, the decode table and the sglang writer-program write.
-STEPS=" ${ROUND_STEPS:-ncu sweep} "
+STEPS=" ${ROUND_STEPS:-ringtest ncu ncuhead sweep} "
 has() { [[ "$STEPS" == *" $1 "* ]]; }
+# 0. the ring variants the sweep times (half_rows, bulk, the ceiling's checksum) against the register path
+has ringtest && step ring_gpu 60 python3 -m pytest -q tests/gpu/test_decode_cuda_ring_gpu.py
 # 1. correctness on the hardware (~80-130 s)
 has tests && step tests_gpu 220 python3 -m pytest -q tests/gpu --durations=15
 # 2. what the step's new-row write costs inside the attention launch, by form (~60-100 s)
@@ -39,15 +42,16 @@ has append && step append_cost 130 python3 benchmarks/append_cost.py --out "$OUT
 # 3. the decode table (no extend) at the default cp.async ring, writes included (~95-150 s)
 has decode && step decode_pipe4 170 python3 benchmarks/decode_attention.py --cuda-pipe 4 --extend-contexts --peak-gbs "$PEAK" --out "$OUT/decode_pipe4.md"
 # 4. the ring's issue rate, stalls and memory traffic at bs 8 x 128K (16 splits: the pipe-4 default),
-#    beside its copy ceiling (read_only) and the same copies on head-major pages (a quarter of the
+#    beside its copy ceiling (read_only, "ncuceil") and bulk refills on head-major pages (no per-lane
 #    L1TEX line lookups: the line-lookup question), if ncu is there
-if has ncu && command -v ncu > /dev/null; then
+if command -v ncu > /dev/null; then
   NCU=(ncu -k regex:oscar_int2 -c 1 --clock-control none --section SpeedOfLight --section Occupancy
        --section SchedulerStats --section WarpStateStats --section MemoryWorkloadAnalysis
        --section MemoryWorkloadAnalysis_Tables)  # L1TEX requests, sectors, wavefronts per access kind
-  step ncu_ring 75 "${NCU[@]}" python3 benchmarks/ncu_decode.py 8 131072 128 4 3 16 --calls 1
-  step ncu_ceiling 75 "${NCU[@]}" python3 benchmarks/ncu_decode.py 8 131072 128 4 3 16 --calls 1 --read-only
-  step ncu_head_pages 75 "${NCU[@]}" python3 benchmarks/ncu_decode.py 8 131072 128 4 3 16 --calls 1 --layout head-pages
+  NCU_ARGS=(python3 benchmarks/ncu_decode.py 8 131072 128 4 3 16 --calls 1)
+  has ncu && step ncu_ring 75 "${NCU[@]}" "${NCU_ARGS[@]}"
+  has ncuceil && step ncu_ceiling 75 "${NCU[@]}" "${NCU_ARGS[@]}" --read-only
+  has ncuhead && step ncu_head_bulk 75 "${NCU[@]}" "${NCU_ARGS[@]}" --layout head-pages --copies 2
 fi
 # 5. A/B of the INT2 tier in one run: ring copies one token per lane (copies 0), whole sectors
 #    (1: half_rows) or one cp.async.bulk per page run (2: bulk, head-major pages only); the pools'
