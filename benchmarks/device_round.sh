@@ -25,13 +25,13 @@ step() {  # step NAME SECONDS CMD...: stdout+stderr to $OUT/NAME.log, exit statu
   timeout "$secs" "$@" > "$OUT/$name.log" 2>&1
   echo "$name rc=$? ${secs}s limit, $((SECONDS - t0))s" | tee -a "$OUT/round.txt"
 }
-# ROUND_STEPS picks the steps; each call must fit the device's 600 s (the steps' limits add up):
-#   call 1 (default) "ringtest ncu ncuhead sweep": 60 + 2 x 75 + 360 s, the load-path question
+# ROUND_STEPS picks the steps (they run in this file's order); each call must fit the device's 600 s (the steps' limits add up):
+#   call 1 (default) "ringtest sweep ncu ncuhead": 60 + 360 + 2 x 75 s, the load-path question
 #   (the ring variants checked on the card first; ceiling, bulk, layouts; the sweep prints rows as
 #   they come, most important shape first, so a cut loses bs 1 x 16K); "ncuceil" profiles the ceiling;
 #   call 2 "tests": tests/gpu (ring variants first), 220 s, more on an H100;
 #   call 3 "append decode": 130 + 170 s, the decode table and the sglang writer-program write.
-STEPS=" ${ROUND_STEPS:-ringtest ncu ncuhead sweep} "
+STEPS=" ${ROUND_STEPS:-ringtest sweep ncu ncuhead} "
 has() { [[ "$STEPS" == *" $1 "* ]]; }
 # 0. the ring variants the sweep times (half_rows, bulk, the ceiling's checksum) against the register path
 has ringtest && step ring_gpu 60 python3 -m pytest -q tests/gpu/test_decode_cuda_ring_gpu.py
@@ -41,7 +41,16 @@ has tests && step tests_gpu 220 python3 -m pytest -q tests/gpu --durations=15
 has append && step append_cost 130 python3 benchmarks/append_cost.py --out "$OUT/append.md"
 # 3. the decode table (no extend) at the default cp.async ring, writes included (~95-150 s)
 has decode && step decode_pipe4 170 python3 benchmarks/decode_attention.py --cuda-pipe 4 --extend-contexts --peak-gbs "$PEAK" --out "$OUT/decode_pipe4.md"
-# 4. the ring's issue rate, stalls and memory traffic at bs 8 x 128K (16 splits: the pipe-4 default),
+# 4. A/B of the INT2 tier in one run: ring copies one token per lane (copies 0), whole sectors
+#    (1: half_rows) or one cp.async.bulk per page run (2: bulk, head-major pages only); the pools'
+#    token-major pages against codes and (s, z) stored head-major (one KV head's rows of a page one
+#    256-B run); and each config's copies alone (--ceiling: read_only, no attention), which says
+#    whether the load path or the compute holds the kernel at ~1.8 TB/s (30 rows, ~300-400 s;
+#    SWEEP_LIMIT / SWEEP_CONFIGS / SWEEP_SHAPES / SWEEP_LAYOUTS narrow it to fit beside other steps)
+has sweep && step cuda_sweep "${SWEEP_LIMIT:-360}" python3 benchmarks/decode_cuda_sweep.py --no-triton --skip-check \
+  --ceiling --layouts ${SWEEP_LAYOUTS:-token head-pages} --configs ${SWEEP_CONFIGS:-4:0:0:2:4:0 4:0:0:2:4:1 4:0:0:2:4:2} \
+  --shapes ${SWEEP_SHAPES:-8x131072 8x65536 1x16384} --out "$OUT/cuda.md"
+# 5. (after the sweep, so a call cut short keeps the sweep's rows) the ring's issue rate, stalls and memory traffic at bs 8 x 128K (16 splits: the pipe-4 default),
 #    beside its copy ceiling (read_only, "ncuceil") and bulk refills on head-major pages (no per-lane
 #    L1TEX line lookups: the line-lookup question), if ncu is there
 if command -v ncu > /dev/null; then
@@ -53,13 +62,4 @@ if command -v ncu > /dev/null; then
   has ncuceil && step ncu_ceiling 75 "${NCU[@]}" "${NCU_ARGS[@]}" --read-only
   has ncuhead && step ncu_head_bulk 75 "${NCU[@]}" "${NCU_ARGS[@]}" --layout head-pages --copies 2
 fi
-# 5. A/B of the INT2 tier in one run: ring copies one token per lane (copies 0), whole sectors
-#    (1: half_rows) or one cp.async.bulk per page run (2: bulk, head-major pages only); the pools'
-#    token-major pages against codes and (s, z) stored head-major (one KV head's rows of a page one
-#    256-B run); and each config's copies alone (--ceiling: read_only, no attention), which says
-#    whether the load path or the compute holds the kernel at ~1.8 TB/s (30 rows, ~300-400 s;
-#    SWEEP_LIMIT / SWEEP_CONFIGS / SWEEP_SHAPES / SWEEP_LAYOUTS narrow it to fit beside other steps)
-has sweep && step cuda_sweep "${SWEEP_LIMIT:-360}" python3 benchmarks/decode_cuda_sweep.py --no-triton --skip-check \
-  --ceiling --layouts ${SWEEP_LAYOUTS:-token head-pages} --configs ${SWEEP_CONFIGS:-4:0:0:2:4:0 4:0:0:2:4:1 4:0:0:2:4:2} \
-  --shapes ${SWEEP_SHAPES:-8x131072 8x65536 1x16384} --out "$OUT/cuda.md"
 exit 0
