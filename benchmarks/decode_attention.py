@@ -336,8 +336,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
     p.add_argument("--extend-contexts", type=int, nargs="*", default=[8192, 32768])
     p.add_argument("--key-bits", type=int, default=2, choices=[2, 3], help="3: the cache's 3-bit key layout")
-    p.add_argument("--page-layout", default="token", choices=["token", "head"],
-                   help="INT2 pages' memory order (cache.page_layout): head = stored head-major")
+    p.add_argument("--page-layout", default="head", choices=["token", "head"],
+                   help="INT2 pages' memory order (cache.page_layout, default head: stored head-major)")
     p.add_argument("--extend-chunk", type=int, default=2048)
     p.add_argument("--replays", type=int, default=20)
     p.add_argument("--repeats", type=int, default=5)

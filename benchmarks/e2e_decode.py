@@ -68,13 +68,13 @@ def random_model(cfg, device: str, dtype: torch.dtype):
 
 def make_core(model, mode: str, budget: int, max_seqs: int, max_len: int, rotations: str | None, device: str,
               dtype: str):
-    """mode: bf16, oscar (INT2 keys and values), oscar-k3 (3-bit keys, INT2 values) or oscar-head (INT2,
-    pages stored head-major: cache.page_layout head)."""
+    """mode: bf16, oscar (INT2 keys and values, the default head-major pages), oscar-k3 (3-bit keys, INT2
+    values) or oscar-token (INT2, pages stored token-major: cache.page_layout token)."""
     from oscar_ray.engines.torch import TorchEngineConfig
     from oscar_ray.engines.torch.core import EngineCore
 
     cache = {"page_size": 64, **({"key_bits": 3} if mode == "oscar-k3" else {}),
-             **({"page_layout": "head"} if mode == "oscar-head" else {})}
+             **({"page_layout": "token"} if mode == "oscar-token" else {})}
     kv_cache = "bf16" if mode == "bf16" else "oscar"
     cfg = TorchEngineConfig(model="random-qwen3-8b", kv_cache=kv_cache, rotations=rotations if kv_cache == "oscar" else None,
                             max_model_len=max_len, kv_cache_bytes=budget, max_num_seqs=max_seqs,
@@ -215,7 +215,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--cap-steps", type=int, default=10)
-    ap.add_argument("--modes", nargs="+", default=["bf16", "oscar"], choices=["bf16", "oscar", "oscar-k3", "oscar-head"])
+    ap.add_argument("--modes", nargs="+", default=["bf16", "oscar"], choices=["bf16", "oscar", "oscar-k3", "oscar-token"])
     args = ap.parse_args()
     args.device, args.dtype = ("cpu", "float32") if args.smoke else ("cuda", "bfloat16")
     if args.smoke:

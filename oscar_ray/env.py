@@ -42,7 +42,7 @@ SGLANG_ENV = {
     "v_clip": "OSCAR_V_CLIP",
     "absorb_v": "OSCAR_ABSORB_V",  # 1: fold R_V into the weights at load (default); 0: rotate at runtime
     "key_bits": "OSCAR_KEY_BITS",  # 2 (INT2 keys, default) or 3 (one more bit plane, keys unclipped)
-    "page_layout": "OSCAR_PAGE_LAYOUT",  # token (default) | head: the INT2 pages' memory order
+    "page_layout": "OSCAR_PAGE_LAYOUT",  # head (default) | token: the INT2 pages' memory order
 }
 
 

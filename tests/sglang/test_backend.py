@@ -174,13 +174,16 @@ def test_chunked_prefill_decode_ring_wrap_and_prefix_hit(seed, extend_method, pa
     _check(w, [a, b], spans, out, seg, [[(0, 16), (64, 98)], [(48, 69)]], decode=True)
 
 
-@pytest.mark.parametrize("page_layout", ["token", "head"])
-def test_decode_launch_writes_both_copies_of_the_new_token(seed, page_layout):
-    # decode writes nothing before attending: its launch stores the step's token rotated into the
-    # window (BF16) and into its own slot (INT2, dual residency: a radix-cache hit or the window
-    # moving on reads that copy later).  Both must equal the write kernels' result for those rows
+@pytest.mark.parametrize("page_layout, fused_max", [("token", 1), ("head", 1), ("head", 0)])
+def test_decode_launch_writes_both_copies_of_the_new_token(seed, page_layout, fused_max, monkeypatch):
+    # at batch <= FUSED_WRITE_MAX_BATCH decode writes nothing before attending: its launch stores the
+    # step's token rotated into the window (BF16) and into its own slot (INT2, dual residency: a
+    # radix-cache hit or the window moving on reads that copy later); above it (fused_max 0 here)
+    # the write launches do.  Either way both must equal the write kernels' result for those rows
+    from oscar_ray.engines.sglang import backend as backend_mod
     from oscar_ray.kernels import bf16_write_kv, int2_write_kv
 
+    monkeypatch.setattr(backend_mod, "FUSED_WRITE_MAX_BATCH", fused_max)
     w = World(page_layout)
     a = 1
     w.forward(ForwardMode.EXTEND, [a], [40])

@@ -34,7 +34,7 @@ def test_geometry_and_bytes_equal_page_geometry(layers, heads, d, page, scale):
     spec = _spec(layers, heads, d, sink_tokens=page, recent_tokens=2 * page, scale_dtype=scale)
     pool = _pool(layers, heads, d, page, size=8 * page, spec=spec)
     g = PageGeometry(layers, heads, d, page, scale_bytes=2 if scale == "float16" else 4, sink_tokens=page,
-                     recent_tokens=2 * page)
+                     recent_tokens=2 * page, head_major=True)  # the default page_layout
     assert pool.geometry == g
     slots = 8 * page + page  # sglang's size + the padding page
     assert pool.k_codes[0].shape == g.int2_code_shape(slots // page)
@@ -94,8 +94,9 @@ def test_head_major_pool():
     """page_layout head: the INT2 tensors keep PageGeometry's shapes and bytes, stored [page, head,
     token, ...]; sglang's slot-row views are the same storage (its bookkeeping reads pointers and sizes)."""
     pool = _pool(layers=2, heads=2, d=64, page=16, size=8 * 16, page_layout="head")
-    g, token = pool.geometry, _pool(layers=2, heads=2, d=64, page=16, size=8 * 16)
+    g, token = pool.geometry, _pool(layers=2, heads=2, d=64, page=16, size=8 * 16, page_layout="token")
     assert g.head_major and not token.geometry.head_major
+    assert _pool(layers=2, heads=2, d=64, page=16, size=8 * 16).geometry.head_major  # the default
     for name in ("k_codes", "v_codes", "k_scales", "v_scales"):
         t, ref = getattr(pool, name)[0], getattr(token, name)[0]
         assert t.shape == ref.shape and t.stride(1) == t.shape[-1] and t.stride(2) == 16 * t.shape[-1], name

@@ -11,8 +11,9 @@ pool's ownership tags once (tables.plan_writes), then builds the kernels' page t
 (tables.build_segments): decode over each request's whole cache, extend over its cached prefix.
 Per layer: in extend, write (int2_write into every token's slot, bf16_write into the windows),
 then int2_extend_attention (the chunk itself at full precision, causally); in decode,
-int2_decode_attention alone (q·R_K inside), which also rotates the step's token and stores it into
-both tiers before attending it (append_k / append_v with rotate_append and append_int2).  V is in the R_V basis throughout when absorbed (the default), so no
+int2_decode_attention (q·R_K inside), which at batch 1 also rotates the step's token and stores it into
+both tiers before attending it (append_k / append_v with rotate_append and append_int2); larger
+batches write it with the extend path's launches first (FUSED_WRITE_MAX_BATCH: measured faster there).  V is in the R_V basis throughout when absorbed (the default), so no
 o·R_Vᵀ is computed.  CUDA graphs are not supported yet (init_cuda_graph_state raises).
 Loaded only by the plugin: imports sglang.
 """
@@ -49,6 +50,14 @@ def _host_max(values, fallback: torch.Tensor) -> int:
     if values is not None and len(values):
         return int(max(values))
     return int(fallback.max().item()) if fallback.numel() else 0
+
+
+# Decode batches up to this size write the step's token inside the attention launch (its writer
+# programs); larger ones use the separate write launches.  H100, 16K context, µs added to the
+# attention (decode_h200.md, 2026-12-07): in-launch +8.5 / +16.7 / +32.1 at batch 1 / 8 / 32,
+# separate int2_write_kv + bf16_write_kv 9.4 / 9.1 / 8.7: the writer programs do a serial clip and
+# pack per (request, KV head) in the launch after the CUDA INT2 tier, so their cost grows with batch.
+FUSED_WRITE_MAX_BATCH = 1
 
 
 class OscarAttnBackend(AttentionBackend):
@@ -160,14 +169,17 @@ class OscarAttnBackend(AttentionBackend):
         r_k, r_v = self._rotations(layer)
         _, _, k_clip, v_clip = self.pool.rotations.layer(layer.layer_id)
         plan = self.forward_metadata.plan
-        # the step's whole write inside the attention launch: the new token's rows rotated, stored
-        # BF16 into the request's window slot and INT2 into its own slot (dual residency), then
-        # attended; no int2_write_kv launches per layer and step (kernels/_append.py)
+        attend = dict(k_rotation=r_k, v_rotation=r_v, sm_scale=layer.scaling)
+        if q.shape[0] <= FUSED_WRITE_MAX_BATCH:
+            # the step's whole write inside the attention launch: the new token's rows rotated,
+            # stored BF16 into the request's window slot and INT2 into its own slot (dual residency),
+            # then attended (kernels/_append.py)
+            attend.update(append_k=k.reshape(-1, hkv, d), append_v=v.reshape(-1, hkv, d), rotate_append=True,
+                          append_int2=(plan.int2_page, plan.int2_off), append_clip=(k_clip, v_clip))
+        else:  # int2_write_kv + bf16_write_kv launches, then the attention reads the token from its BF16 slot
+            self._write(layer, k, v, save_kv_cache)
         o = int2_decode_attention(q.reshape(-1, hq, d), self.pool.paged_kv(layer.layer_id),
-                                  self.forward_metadata.segments, k_rotation=r_k, v_rotation=r_v,
-                                  sm_scale=layer.scaling, append_k=k.reshape(-1, hkv, d),
-                                  append_v=v.reshape(-1, hkv, d), rotate_append=True,
-                                  append_int2=(plan.int2_page, plan.int2_off), append_clip=(k_clip, v_clip))
+                                  self.forward_metadata.segments, **attend)
         return add_value_mean(o, mu_v).to(q.dtype).reshape(-1, hq * d)
 
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):

@@ -97,12 +97,14 @@ def test_settings_geometry_needs_whole_pages():
 
 
 def test_page_layout_travels_to_every_process():
-    cfg = SGLangEngineConfig(model_path="m", rotations="/art/q3", cache=OscarCacheConfig(page_layout="head"))
+    cfg = SGLangEngineConfig(model_path="m", rotations="/art/q3", cache=OscarCacheConfig(page_layout="token"))
     env = sglang_env(cfg)
-    assert env["OSCAR_PAGE_LAYOUT"] == "head"
+    assert env["OSCAR_PAGE_LAYOUT"] == "token"  # the non-default value reaches the scheduler processes
     s = OscarSettings.from_env(env)
-    assert s == cfg.settings() and s.geometry(36, 8, 128, 64).head_major
-    assert not OscarSettings(rotations="identity").geometry(36, 8, 128, 64).head_major
+    assert s == cfg.settings() and not s.geometry(36, 8, 128, 64).head_major
+    assert sglang_env(SGLangEngineConfig(model_path="m", rotations="/art/q3"))["OSCAR_PAGE_LAYOUT"] == "head"
+    assert OscarSettings(rotations="identity").geometry(36, 8, 128, 64).head_major  # the default, as the config's
+    assert not OscarSettings(rotations="identity", page_layout="token").geometry(36, 8, 128, 64).head_major
     with pytest.raises(ValueError, match="OSCAR_PAGE_LAYOUT must be token or head"):
         OscarSettings.from_env({**env, "OSCAR_PAGE_LAYOUT": "headmajor"})
 
