@@ -52,7 +52,7 @@ class OscarCacheConfig(StrictModel):
         "row; keys then stored unclipped). Values stay INT2. SmolLM2 needles: 8/36 at 2, see "
         "benchmarks/results/quality_engine_smollm2.md for 3.")
     page_layout: Literal["token", "head"] = Field(
-        "head", description="Memory order of the INT2 pages: head (default: a KV head's rows of a page together, "
+        D.PAGE_LAYOUT, description="Memory order of the INT2 pages: head (default: a KV head's rows of a page together, "
         "one 256-B run a page at d 128) or token (a token's rows of all KV heads together); same shapes and bytes, "
         "every kernel reads either. head: decode 1.50x faster on an H100 at bs 8 x 128K (240.6 vs 361.9 us: "
         "token-major pages hold the CUDA tier at the L2's throughput), benchmarks/results/decode_h200.md.")

@@ -55,8 +55,8 @@ def _host_max(values, fallback: torch.Tensor) -> int:
 # Decode batches up to this size write the step's token inside the attention launch (its writer
 # programs); larger ones use the separate write launches.  H100, 16K context, µs added to the
 # attention (decode_h200.md, 2026-12-07): in-launch +8.5 / +16.7 / +32.1 at batch 1 / 8 / 32,
-# separate int2_write_kv + bf16_write_kv 9.4 / 9.1 / 8.7: the writer programs do a serial clip and
-# pack per (request, KV head) in the launch after the CUDA INT2 tier, so their cost grows with batch.
+# separate int2_write_kv + bf16_write_kv 9.4 / 9.1 / 8.7.  Likely why: the writer programs' serial
+# clip and pack per (request, KV head) run in the Triton launch after the CUDA INT2 tier, not beside it.
 FUSED_WRITE_MAX_BATCH = 1
 
 
@@ -177,7 +177,7 @@ class OscarAttnBackend(AttentionBackend):
             attend.update(append_k=k.reshape(-1, hkv, d), append_v=v.reshape(-1, hkv, d), rotate_append=True,
                           append_int2=(plan.int2_page, plan.int2_off), append_clip=(k_clip, v_clip))
         else:  # int2_write_kv + bf16_write_kv launches, then the attention reads the token from its BF16 slot
-            self._write(layer, k, v, save_kv_cache)
+            self.pool.oscar_write(layer.layer_id, k.reshape(-1, hkv, d), v.reshape(-1, hkv, d), plan)
         o = int2_decode_attention(q.reshape(-1, hq, d), self.pool.paged_kv(layer.layer_id),
                                   self.forward_metadata.segments, **attend)
         return add_value_mean(o, mu_v).to(q.dtype).reshape(-1, hq * d)

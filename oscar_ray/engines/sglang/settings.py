@@ -40,7 +40,7 @@ class OscarSettings:
     v_clip: float | None = None
     absorb_v: bool = True
     key_bits: int = 2
-    page_layout: str = "head"  # as OscarCacheConfig: head-major INT2 pages (decode_h200.md)
+    page_layout: str = D.PAGE_LAYOUT
 
     def __post_init__(self) -> None:
         if self.key_bits not in D.KEY_BITS:
