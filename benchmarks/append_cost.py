@@ -11,6 +11,9 @@ graphs over input copies that miss L2, medians), in these forms:
   sglang clip0 + the INT2 copy by the two writer programs, no clip
   sglang       + clip K at 0.96: the sglang backend's decode step
   separate     int2_write_kv + bf16_write_kv launches, then the rot launch (the unfused step)
+  side         rot+bf16, with int2_write_kv on a second stream beside it (kernels/side_stream.py),
+               joined at the call's end (the sglang backend joins at the next forward: more overlap)
+  side sep     bf16_write_kv, then the rot launch, with int2_write_kv on the second stream
 and the stage-1 kernel's registers / spills per compiled variant (ptxas, via Triton).
 """
 
@@ -29,9 +32,10 @@ from decode_attention import (D, HKV, HQ, RECENT, SINK, _cache_copies, _commit, 
 
 from oscar_ray.kernels import bf16_write_kv, int2_decode_attention, int2_write_kv  # noqa: E402
 from oscar_ray.kernels.decode_attention import _decode_stage1_kernel  # noqa: E402
+from oscar_ray.kernels.side_stream import SideStream  # noqa: E402
 from oscar_ray.kernels.synthetic import random_mixed_cache  # noqa: E402
 
-FORMS = ["rot", "ring", "rot+bf16", "sglang clip0", "sglang", "separate"]
+FORMS = ["rot", "ring", "rot+bf16", "sglang clip0", "sglang", "separate", "side", "side sep"]
 
 
 def bench(batch: int, ctx: int, args, device: str) -> list[str]:
@@ -46,22 +50,32 @@ def bench(batch: int, ctx: int, args, device: str) -> list[str]:
     o16 = (last % kv.k_bf16.shape[1]).int()
     nbytes = kv.k_codes.numel() * 2 + kv.k_bf16.numel() * 4
 
+    side = SideStream(device)
+
     def forms(copies, form):
         caches = _cache_copies(kv, seg, copies)
         extra = dict(k_rotation=r_k)
         if form == "ring":
             extra = dict(append_k=new_k, append_v=new_v)
-        elif form != "rot" and form != "separate":
+        elif form not in ("rot", "separate", "side sep"):
             extra.update(append_k=new_k, append_v=new_v, rotate_append=True)
             if form.startswith("sglang"):
                 extra.update(append_int2=int2_slot, append_clip=(0.0 if form.endswith("clip0") else 0.96, 0.0))
 
+        def int2(c):
+            int2_write_kv(new_k, new_v, r_k, None, 0.96, 0.0, *int2_slot, c[0].k_codes, c[0].k_scales,
+                          c[0].v_codes, c[0].v_scales)
+
         def call(c):
-            if form == "separate":
-                int2_write_kv(new_k, new_v, r_k, None, 0.96, 0.0, *int2_slot, c[0].k_codes, c[0].k_scales,
-                              c[0].v_codes, c[0].v_scales)
+            if form.startswith("side"):
+                side.run(lambda: int2(c))
+            elif form == "separate":
+                int2(c)
+            if form in ("separate", "side sep"):
                 bf16_write_kv(new_k, new_v, r_k, None, p16, o16, c[0].k_bf16, c[0].v_bf16)
-            return int2_decode_attention(q, c[0], c[1], max_int2_len=n2, **extra)
+            out = int2_decode_attention(q, c[0], c[1], max_int2_len=n2, **extra)
+            side.join()
+            return out
         return [lambda c=c: call(c) for c in caches]
 
     times = [time_calls(lambda copies, f=f: forms(copies, f), nbytes, args) for f in FORMS]

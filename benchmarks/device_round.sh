@@ -34,11 +34,11 @@ step() {  # step NAME SECONDS CMD...: stdout+stderr to $OUT/NAME.log, exit statu
 STEPS=" ${ROUND_STEPS:-ringtest sweep ncu ncuhead} "
 has() { [[ "$STEPS" == *" $1 "* ]]; }
 # 0. the ring variants the sweep times (half_rows, bulk, the ceiling's checksum) against the register path
-has ringtest && step ring_gpu 60 python3 -m pytest -q tests/gpu/test_decode_cuda_ring_gpu.py
+has ringtest && step ring_gpu 60 python3 -m pytest -q tests/gpu/test_decode_cuda_ring_gpu.py tests/gpu/test_side_stream_gpu.py
 # 1. correctness on the hardware (~80-130 s)
 has tests && step tests_gpu 220 python3 -m pytest -q tests/gpu --durations=15
-# 2. what the step's new-row write costs inside the attention launch, by form (~60-100 s)
-has append && step append_cost 130 python3 benchmarks/append_cost.py --out "$OUT/append.md"
+# 2. what the step's new-row write costs, by form: inside the attention launch, separate, on a side stream (~80-130 s)
+has append && step append_cost "${APPEND_LIMIT:-160}" python3 benchmarks/append_cost.py --out "$OUT/append.md"
 # 3. the decode table (no extend) at the default cp.async ring, writes included (~95-150 s)
 has decode && step decode_pipe4 170 python3 benchmarks/decode_attention.py --cuda-pipe 4 --extend-contexts --peak-gbs "$PEAK" --out "$OUT/decode_pipe4.md"
 # 4. A/B of the INT2 tier in one run: ring copies one token per lane (copies 0), whole sectors
@@ -46,9 +46,11 @@ has decode && step decode_pipe4 170 python3 benchmarks/decode_attention.py --cud
 #    token-major pages against codes and (s, z) stored head-major (one KV head's rows of a page one
 #    256-B run); and each config's copies alone (--ceiling: read_only, no attention), which says
 #    whether the load path or the compute holds the kernel at ~1.8 TB/s (30 rows, ~300-400 s;
-#    SWEEP_LIMIT / SWEEP_CONFIGS / SWEEP_SHAPES / SWEEP_LAYOUTS narrow it to fit beside other steps)
+#    SWEEP_LIMIT / SWEEP_CONFIGS / SWEEP_SHAPES / SWEEP_LAYOUTS narrow it to fit beside other steps;
+#    SWEEP_CEILING=0 leaves the copies-alone rows out, half the rows)
+CEILING=(--ceiling); [[ "${SWEEP_CEILING:-1}" == 0 ]] && CEILING=()
 has sweep && step cuda_sweep "${SWEEP_LIMIT:-360}" python3 benchmarks/decode_cuda_sweep.py --no-triton --skip-check \
-  --ceiling --layouts ${SWEEP_LAYOUTS:-token head-pages} --configs ${SWEEP_CONFIGS:-4:0:0:2:4:0 4:0:0:2:4:1 4:0:0:2:4:2} \
+  "${CEILING[@]}" --layouts ${SWEEP_LAYOUTS:-token head-pages} --configs ${SWEEP_CONFIGS:-4:0:0:2:4:0 4:0:0:2:4:1 4:0:0:2:4:2} \
   --shapes ${SWEEP_SHAPES:-8x131072 8x65536 1x16384} --out "$OUT/cuda.md"
 # 5. (after the sweep, so a call cut short keeps the sweep's rows) the ring's issue rate, stalls and memory traffic at bs 8 x 128K (16 splits: the pipe-4 default),
 #    beside its copy ceiling (read_only, "ncuceil") and bulk refills on head-major pages (no per-lane

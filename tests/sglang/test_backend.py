@@ -174,17 +174,18 @@ def test_chunked_prefill_decode_ring_wrap_and_prefix_hit(seed, extend_method, pa
     _check(w, [a, b], spans, out, seg, [[(0, 16), (64, 98)], [(48, 69)]], decode=True)
 
 
-@pytest.mark.parametrize("page_layout, fused_max", [("token", 1), ("head", 1), ("head", 0)])
-def test_decode_launch_writes_both_copies_of_the_new_token(seed, page_layout, fused_max, monkeypatch):
-    # at batch <= FUSED_WRITE_MAX_BATCH decode writes nothing before attending: its launch stores the
-    # step's token rotated into the window (BF16) and into its own slot (INT2, dual residency: a
-    # radix-cache hit or the window moving on reads that copy later); above it (fused_max 0 here)
-    # the write launches do.  Either way both must equal the write kernels' result for those rows
-    from oscar_ray.engines.sglang import backend as backend_mod
+@pytest.mark.parametrize("page_layout, form", [("token", "launch"), ("head", "launch"), ("head", "separate"),
+                                               ("head", "side"), ("token", "auto")])
+def test_decode_launch_writes_both_copies_of_the_new_token(seed, page_layout, form):
+    # "launch": decode writes nothing before attending: its launch stores the step's token rotated
+    # into the window (BF16) and into its own slot (INT2, dual residency: a radix-cache hit or the
+    # window moving on reads that copy later); "separate": the write launches do both first; "side":
+    # the launch stores the BF16 copy, int2_write_kv the INT2 one on a second stream (on CPU inline).
+    # Every form must equal the write kernels' result for those rows
     from oscar_ray.kernels import bf16_write_kv, int2_write_kv
 
-    monkeypatch.setattr(backend_mod, "FUSED_WRITE_MAX_BATCH", fused_max)
     w = World(page_layout)
+    w.backend.decode_write = form
     a = 1
     w.forward(ForwardMode.EXTEND, [a], [40])
     w.forward(ForwardMode.DECODE, [a], [1])
@@ -205,3 +206,13 @@ def test_decode_launch_writes_both_copies_of_the_new_token(seed, page_layout, fu
         assert torch.equal(w.pool.k_scales[layer], ks) and torch.equal(w.pool.v_scales[layer], vs), layer
         assert torch.equal(w.pool.k_bf16[layer], kb) and torch.equal(w.pool.v_bf16[layer], vb), layer
         assert w.pool.k_codes[layer][loc // P, loc % P].any()  # written, not left as allocated
+
+
+def test_unknown_decode_write_form_is_refused_before_any_write(seed):
+    w = World("head")
+    w.forward(ForwardMode.EXTEND, [1], [40])
+    codes = [c.clone() for c in w.pool.k_codes]
+    w.backend.decode_write = "fused"
+    with pytest.raises(ValueError, match="decode_write must be"):
+        w.forward(ForwardMode.DECODE, [1], [1])
+    assert all(torch.equal(a, b) for a, b in zip(codes, w.pool.k_codes))

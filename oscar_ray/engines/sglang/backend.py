@@ -11,9 +11,12 @@ pool's ownership tags once (tables.plan_writes), then builds the kernels' page t
 (tables.build_segments): decode over each request's whole cache, extend over its cached prefix.
 Per layer: in extend, write (int2_write into every token's slot, bf16_write into the windows),
 then int2_extend_attention (the chunk itself at full precision, causally); in decode,
-int2_decode_attention (q·R_K inside), which at batch 1 also rotates the step's token and stores it into
-both tiers before attending it (append_k / append_v with rotate_append and append_int2); larger
-batches write it with the extend path's launches first (FUSED_WRITE_MAX_BATCH: measured faster there).  V is in the R_V basis throughout when absorbed (the default), so no
+int2_decode_attention (q·R_K inside), whose launch also rotates the step's token and stores its BF16
+copy before attending it (append_k / append_v with rotate_append).  Its INT2 copy, read first in a
+later forward, is written in one of three forms (decode_write_form): "side", int2_write_kv on a
+second stream beside the attention (kernels/side_stream.py, joined at the next forward's start);
+"launch", by writer programs inside the attention launch (append_int2); "separate", both copies by
+the extend path's launches before the attention.  V is in the R_V basis throughout when absorbed (the default), so no
 o·R_Vᵀ is computed.  CUDA graphs are not supported yet (init_cuda_graph_state raises).
 Loaded only by the plugin: imports sglang.
 """
@@ -27,6 +30,7 @@ from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 
 from oscar_ray.kernels import Segments, int2_decode_attention, int2_extend_attention
 from oscar_ray.kernels.extend_routes import DEQUANT_MIN_CHUNK, host_lengths_of
+from oscar_ray.kernels.side_stream import SideStream
 from oscar_ray.quant.centre import add_value_mean, centred
 
 from .pool import OscarMHATokenToKVPool
@@ -58,6 +62,12 @@ def _host_max(values, fallback: torch.Tensor) -> int:
 # separate int2_write_kv + bf16_write_kv 9.4 / 9.1 / 8.7.  Likely why: the writer programs' serial
 # clip and pack per (request, KV head) run in the Triton launch after the CUDA INT2 tier, not beside it.
 FUSED_WRITE_MAX_BATCH = 1
+DECODE_WRITE_FORMS = ("side", "launch", "separate")
+
+
+def decode_write_form(batch: int, cuda: bool) -> str:
+    """How a decode batch of `batch` requests writes its new tokens (module docstring)."""
+    return "launch" if batch <= FUSED_WRITE_MAX_BATCH else "separate"
 
 
 class OscarAttnBackend(AttentionBackend):
@@ -65,6 +75,8 @@ class OscarAttnBackend(AttentionBackend):
 
     # int2_extend_attention's method: "auto" gathers + SDPA on CUDA, the fused kernel elsewhere
     extend_method = "auto"
+    # the decode step's write: "auto" (decode_write_form) or one of DECODE_WRITE_FORMS
+    decode_write = "auto"
 
     def __init__(self, model_runner):
         super().__init__()
@@ -79,10 +91,14 @@ class OscarAttnBackend(AttentionBackend):
         self.device = model_runner.device
         self.req_to_token = model_runner.req_to_token_pool.req_to_token
         self.forward_metadata: OscarForwardMetadata | None = None
+        self.side = SideStream(self.device)  # the "side" decode write's INT2 copies
 
     # --- metadata ----------------------------------------------------------------------------
     def init_forward_metadata(self, forward_batch):
         fb, pool = forward_batch, self.pool
+        # INT2 copies written beside the last forward's attention land before this one reads
+        # any slot or updates the tags (plan_writes) the writes were planned with
+        self.side.join()
         mode = fb.forward_mode
         if mode.is_idle():
             self.forward_metadata = None
@@ -170,14 +186,18 @@ class OscarAttnBackend(AttentionBackend):
         _, _, k_clip, v_clip = self.pool.rotations.layer(layer.layer_id)
         plan = self.forward_metadata.plan
         attend = dict(k_rotation=r_k, v_rotation=r_v, sm_scale=layer.scaling)
-        if q.shape[0] <= FUSED_WRITE_MAX_BATCH:
-            # the step's whole write inside the attention launch: the new token's rows rotated,
-            # stored BF16 into the request's window slot and INT2 into its own slot (dual residency),
-            # then attended (kernels/_append.py)
-            attend.update(append_k=k.reshape(-1, hkv, d), append_v=v.reshape(-1, hkv, d), rotate_append=True,
-                          append_int2=(plan.int2_page, plan.int2_off), append_clip=(k_clip, v_clip))
-        else:  # int2_write_kv + bf16_write_kv launches, then the attention reads the token from its BF16 slot
-            self.pool.oscar_write(layer.layer_id, k.reshape(-1, hkv, d), v.reshape(-1, hkv, d), plan)
+        k3, v3 = k.reshape(-1, hkv, d), v.reshape(-1, hkv, d)
+        form = decode_write_form(q.shape[0], q.is_cuda) if self.decode_write == "auto" else self.decode_write
+        if form not in DECODE_WRITE_FORMS:
+            raise ValueError(f"decode_write must be 'auto' or one of {DECODE_WRITE_FORMS}, got {form!r}")
+        if form == "separate":  # int2_write_kv + bf16_write_kv, then the attention reads the BF16 slot
+            self.pool.oscar_write(layer.layer_id, k3, v3, plan)
+        else:  # the launch rotates the token and stores it BF16 into its window slot before attending
+            attend.update(append_k=k3, append_v=v3, rotate_append=True)
+        if form == "launch":  # and INT2 into its own slot, by two writer programs (kernels/_append.py)
+            attend.update(append_int2=(plan.int2_page, plan.int2_off), append_clip=(k_clip, v_clip))
+        elif form == "side":  # INT2 by int2_write_kv beside the attention: nothing this step reads it
+            self.side.run(lambda: self.pool.write_int2(layer.layer_id, k3, v3, plan), k3, v3)
         o = int2_decode_attention(q.reshape(-1, hq, d), self.pool.paged_kv(layer.layer_id),
                                   self.forward_metadata.segments, **attend)
         return add_value_mean(o, mu_v).to(q.dtype).reshape(-1, hq * d)
