@@ -14,6 +14,9 @@ graphs over input copies that miss L2, medians), in these forms:
   side         rot+bf16, with int2_write_kv on a second stream beside it (kernels/side_stream.py),
                joined at the call's end (the sglang backend joins at the next forward: more overlap)
   side sep     bf16_write_kv, then the rot launch, with int2_write_kv on the second stream
+  rot serial   rot with the BF16 tier's launch after the CUDA INT2 tier (overlap_tiers=False; the
+               others run it beside the INT2 tier)
+  sglang serial  sglang, in series likewise (the writer programs' cost before the overlap)
 and the stage-1 kernel's registers / spills per compiled variant (ptxas, via Triton).
 """
 
@@ -35,7 +38,8 @@ from oscar_ray.kernels.decode_attention import _decode_stage1_kernel  # noqa: E4
 from oscar_ray.kernels.side_stream import SideStream  # noqa: E402
 from oscar_ray.kernels.synthetic import random_mixed_cache  # noqa: E402
 
-FORMS = ["rot", "ring", "rot+bf16", "sglang clip0", "sglang", "separate", "side", "side sep"]
+FORMS = ["rot", "ring", "rot+bf16", "sglang clip0", "sglang", "separate", "side", "side sep", "rot serial",
+         "sglang serial"]
 
 
 def bench(batch: int, ctx: int, args, device: str) -> list[str]:
@@ -57,10 +61,12 @@ def bench(batch: int, ctx: int, args, device: str) -> list[str]:
         extra = dict(k_rotation=r_k)
         if form == "ring":
             extra = dict(append_k=new_k, append_v=new_v)
-        elif form not in ("rot", "separate", "side sep"):
+        elif form not in ("rot", "separate", "side sep", "rot serial"):
             extra.update(append_k=new_k, append_v=new_v, rotate_append=True)
             if form.startswith("sglang"):
                 extra.update(append_int2=int2_slot, append_clip=(0.0 if form.endswith("clip0") else 0.96, 0.0))
+        if form.endswith("serial"):
+            extra.update(overlap_tiers=False)
 
         def int2(c):
             int2_write_kv(new_k, new_v, r_k, None, 0.96, 0.0, *int2_slot, c[0].k_codes, c[0].k_scales,

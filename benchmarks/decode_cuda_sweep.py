@@ -2,10 +2,11 @@
 
     PYTHONPATH=. python3 benchmarks/decode_cuda_sweep.py --out cuda.md [--configs 4:0 8:0 4:24 ...]
 
-A config is warps:splits[:min_blocks[:shiftless[:pipe[:copies]]]] (splits 0: default_cuda_splits; min_blocks absent
+A config is warps:splits[:min_blocks[:shiftless[:pipe[:copies[:overlap]]]]] (splits 0: default_cuda_splits; min_blocks absent
 or 0: the launcher's; shiftless 0: the shift-per-code unpack, 1: bf16 masks in place, 2 (default): and fp16
 keys; pipe P >= 3: cp.async ring of P steps; copies 1: half_rows, the ring's copies read whole sectors, two lanes per
-token; 2: bulk, one cp.async.bulk per page run (head-major pages only: left out of the other layouts' rows)).
+token; 2: bulk, one cp.async.bulk per page run (head-major pages only: left out of the other layouts' rows);
+overlap 1 (default): the BF16 tier's launch beside the INT2 tier on a second stream, 0: in series).
 --layouts picks the INT2 tier's memory order (token: the pools'; head-scales: (s, z) stored head-major; head-pages:
 codes too, so one KV head's rows of a page are one 256-byte run); --ceiling adds, per ring config, the same call
 with the INT2 tier's attention left out (read_only: the ring's copies and waits alone), the load path's ceiling.
@@ -35,16 +36,17 @@ from oscar_ray.kernels.reference import decode_attention_reference  # noqa: E402
 from oscar_ray.kernels.synthetic import random_mixed_cache  # noqa: E402
 
 
-def _variant(cfg: tuple[int, ...]) -> tuple[int, int, int | None, int, int, int]:
-    """warps:splits[:min_blocks[:shiftless[:pipe[:copies]]]] with the launcher's defaults filled in."""
+def _variant(cfg: tuple[int, ...]) -> tuple[int, int, int | None, int, int, int, int]:
+    """warps:splits[:min_blocks[:shiftless[:pipe[:copies[:overlap]]]]] with the launcher's defaults filled in."""
     warps, splits, *rest = cfg
     minb = (rest[0] if rest else 0) or None
     shiftless = rest[1] if len(rest) > 1 else 2
     pipe = rest[2] if len(rest) > 2 else decode_cuda.DEFAULT_PIPE
     copies = rest[3] if len(rest) > 3 else 0
+    overlap = rest[4] if len(rest) > 4 else 1
     if copies not in (0, 1, 2):
         raise ValueError(f"copies must be 0 (per lane), 1 (half_rows) or 2 (bulk), got {copies}")
-    return warps, splits, minb, shiftless, pipe, copies
+    return warps, splits, minb, shiftless, pipe, copies, overlap
 
 
 def func_attrs(kernel, threads: int) -> str:
@@ -105,15 +107,16 @@ def sweep(batch: int, ctx: int, configs, args) -> list[list[str]]:
         if not args.no_triton:
             run("triton", int2_kernel="triton")
         original = dec.int2_tier_cuda
-        for warps, splits, minb, shiftless, pipe, copies in map(_variant, configs):
+        for warps, splits, minb, shiftless, pipe, copies, overlap in map(_variant, configs):
             if copies == 2 and layout != "head-pages":
                 continue  # bulk reads a KV head's page as one run: head-major pages only
             s = splits or decode_cuda.default_cuda_splits(batch, HKV, n2, warps)
-            name = f"cuda {warps}:{s}:{minb or 'default'}:{int(shiftless)}:{pipe}:{copies}"
+            name = f"cuda {warps}:{s}:{minb or 'default'}:{int(shiftless)}:{pipe}:{copies}" + ("" if overlap else " serial")
             for read_only in (False, True) if args.ceiling and pipe else (False,):
                 dec.int2_tier_cuda = partial(original, warps=warps, min_blocks=minb, shiftless=shiftless, pipe=pipe,
                                              half_rows=copies == 1, bulk=copies == 2, read_only=read_only)
-                run(name + (" copies only" if read_only else ""), int2_kernel="cuda", num_splits=s)
+                run(name + (" copies only" if read_only else ""), int2_kernel="cuda", num_splits=s,
+                    overlap_tiers=bool(overlap))
         dec.int2_tier_cuda = original
         del kv, seg
     kb, vb = (torch.randn(batch, HKV, ctx, D, device="cuda", dtype=torch.bfloat16) for _ in "kv")
@@ -156,7 +159,7 @@ def main() -> int:
         rows = check(args.seed)
         lines += [f"## max |o − reference| (fp16 scales, bf16, pipe {decode_cuda.DEFAULT_PIPE})", ""]
         lines += _table(["GQA", "page", "INT2 lens", "cuda (default / 1 / 7 splits)", "triton", "max |ref|"], rows)
-    for warps, _, minb, shiftless, pipe, copies in map(_variant, configs):
+    for warps, _, minb, shiftless, pipe, copies, _ in map(_variant, configs):
         bulk = copies == 2
         for read_only in (False, True) if args.ceiling and pipe else (False,):
             k = decode_cuda._kernel(4, 8, warps, minb, shiftless, 32 if bulk else 256, 2 if bulk else 16, pipe,

@@ -29,6 +29,7 @@ from ._validate import (FLOAT_ROWS, check_positive, check_pow2, check_precision,
 from .decode_cuda import COPIES, cuda_unsupported, default_copies, default_cuda_splits, int2_tier_cuda
 from .layout import PagedKV, Segments
 from .reference import rotate_heads
+from .side_stream import SideStream
 
 LOG2E = 1.4426950408889634
 H200_SMS = 132
@@ -176,6 +177,18 @@ def default_bf16_splits(batch: int, n_kv_heads: int, num_sms: int = H200_SMS) ->
     return max(1, min(8, math.ceil(num_sms / max(1, batch * n_kv_heads))))
 
 
+_SIDE_STREAMS: dict[torch.device, SideStream] = {}
+
+
+def _side_stream(device: torch.device) -> SideStream:
+    """One side stream per device, made on the first (uncaptured, warm-up) call and reused, so
+    CUDA-graph capture of later calls only records the fork and join."""
+    key = torch.device(device.type, device.index if device.index is not None else torch.cuda.current_device())
+    if key not in _SIDE_STREAMS:
+        _SIDE_STREAMS[key] = SideStream(key)
+    return _SIDE_STREAMS[key]
+
+
 def int2_decode_attention(q: torch.Tensor, kv: PagedKV, seg: Segments, *, k_rotation: torch.Tensor | None = None,
                           v_rotation: torch.Tensor | None = None, sm_scale: float | None = None,
                           num_splits: int | None = None, bf16_splits: int | None = None,
@@ -185,7 +198,8 @@ def int2_decode_attention(q: torch.Tensor, kv: PagedKV, seg: Segments, *, k_rota
                           append_k: torch.Tensor | None = None, append_v: torch.Tensor | None = None,
                           int2_kernel: str = "auto", rotate_append: bool = False,
                           append_int2: tuple[torch.Tensor, torch.Tensor] | None = None,
-                          append_clip: tuple[float, float] = (0.0, 0.0), cuda_copies: str = "auto") -> torch.Tensor:
+                          append_clip: tuple[float, float] = (0.0, 0.0), cuda_copies: str = "auto",
+                          overlap_tiers: bool = True) -> torch.Tensor:
     """One decode query per request over its INT2 + BF16 tokens → o [B, Hq, d] float32.
 
     q [B, Hq, d] is in the rotated K basis unless k_rotation (fp32 [d, d] or [H_kv, d, d]) is given,
@@ -224,6 +238,10 @@ def int2_decode_attention(q: torch.Tensor, kv: PagedKV, seg: Segments, *, k_rota
     cuda_copies: how the CUDA tier's ring is refilled: "lane" (one token per lane), "half_rows" (two
     lanes per token, whole sectors), "bulk" (one cp.async.bulk per page run: head-major pages, sm_90)
     or "auto" (decode_cuda.default_copies); ignored when the Triton kernel serves the INT2 tier.
+    overlap_tiers: with the CUDA INT2 tier, the BF16 tier's Triton launch (and the append's writer
+    programs) runs on a second stream beside it, joined before the merge (the two write disjoint
+    partials): it fills the SMs the INT2 tier's last wave leaves idle instead of following it;
+    False: in series.  No effect without CUDA or with the Triton INT2 tier (one launch then).
     Example: o = int2_decode_attention(q, PagedKV(...), Segments(...), k_rotation=R_K, v_rotation=R_V)
     """
     geo = kv.geometry()
@@ -277,21 +295,32 @@ def int2_decode_attention(q: torch.Tensor, kv: PagedKV, seg: Segments, *, k_rota
         return out
     block_h = max(16, triton.next_power_of_2(g))
     t2, t16 = nonempty_table(seg.int2_page_table), nonempty_table(seg.bf16_page_table)
+    writers = 2 if app.constexprs["INT2W"] else 0
+
+    def stage1():
+        _decode_stage1_kernel[(b, hkv, (s16 if use_cuda else total) + writers)](
+            q, kv.k_codes, kv.k_scales, kv.v_codes, kv.v_scales, t2, seg.int2_lens, kv.k_bf16, kv.v_bf16, t16,
+            seg.bf16_lens, mid_o, mid_lse, qk_scale, q.stride(0), q.stride(1), *kv.v_codes.stride()[:3],
+            *kv.k_codes.stride()[:3], *kv.k_scales.stride()[:3], t2.stride(0), *kv.k_bf16.stride()[:3], t16.stride(0),
+            hq, *app.tensors, *app.strides,
+            s2 if use_cuda else 0, GQA=g, PAGE2=geo.int2_page_size, PAGE16=geo.bf16_page_size, D=d, GS=geo.group_size,
+            SPLITS2=s2, SPLITS16=s16, BLOCK_H=block_h, BLOCK_N2=block_n, BLOCK_N16=bf16_block_n, PRECISION=precision,
+            KEY_BITS=geo.key_bits, APPEND=app.enabled, **app.constexprs, num_warps=num_warps, num_stages=num_stages,
+            **({"maxnreg": max_registers} if max_registers else {}))
+
+    # the BF16 launch first, beside the INT2 tier: its writer programs' serial chains start earliest
+    side = _side_stream(q.device) if use_cuda and overlap_tiers and q.is_cuda else None
+    if side is not None:
+        side.run(stage1)
     if use_cuda:
         cap = torch.cuda.get_device_capability(q.device) if q.is_cuda else (0, 0)  # (0, 0): the CPU emulator
         copies = default_copies(kv, geo, cap) if cuda_copies == "auto" else cuda_copies
         int2_tier_cuda(q, kv, geo, seg, mid_o, mid_lse, qk_scale, s2, half_rows=copies == "half_rows",
                        bulk=copies == "bulk")
-    writers = 2 if app.constexprs["INT2W"] else 0
-    _decode_stage1_kernel[(b, hkv, (s16 if use_cuda else total) + writers)](
-        q, kv.k_codes, kv.k_scales, kv.v_codes, kv.v_scales, t2, seg.int2_lens, kv.k_bf16, kv.v_bf16, t16,
-        seg.bf16_lens, mid_o, mid_lse, qk_scale, q.stride(0), q.stride(1), *kv.v_codes.stride()[:3],
-        *kv.k_codes.stride()[:3], *kv.k_scales.stride()[:3], t2.stride(0), *kv.k_bf16.stride()[:3], t16.stride(0), hq,
-        *app.tensors, *app.strides,
-        s2 if use_cuda else 0, GQA=g, PAGE2=geo.int2_page_size, PAGE16=geo.bf16_page_size, D=d, GS=geo.group_size, SPLITS2=s2,
-        SPLITS16=s16, BLOCK_H=block_h, BLOCK_N2=block_n, BLOCK_N16=bf16_block_n, PRECISION=precision,
-        KEY_BITS=geo.key_bits, APPEND=app.enabled, **app.constexprs, num_warps=num_warps, num_stages=num_stages,
-        **({"maxnreg": max_registers} if max_registers else {}))
+    if side is not None:
+        side.join()  # the merge reads both tiers' partials
+    else:
+        stage1()
     _decode_merge_kernel[(b, hq)](mid_o, mid_lse, out, out.stride(0), out.stride(1), hq, total,
                                   D=d, BLOCK_S=triton.next_power_of_2(total), num_warps=4)
     return out if v_rotation is None else rotate_heads(out, v_rotation, transpose=True)

@@ -49,3 +49,42 @@ def test_side_write_equals_the_write_in_series_cuda(seed):
         assert torch.equal(a, b)
     assert any(not torch.equal(a, b) for a, b in zip(got, base))  # it wrote something
     assert torch.isfinite(ref_out).all()
+
+
+@pytest.mark.parametrize("append", [False, True])
+def test_overlapped_tiers_equal_the_tiers_in_series_cuda(seed, append):
+    # the BF16 launch (with the step's append and INT2 writer programs) beside the CUDA INT2 tier:
+    # outputs and every page bit-equal to the launches in series, eager and in a CUDA graph
+    kv, seg = random_mixed_cache([5000, 70, 0], [320, 200, 9], HKV, D, scale_dtype=torch.float16, device="cuda",
+                                 seed=seed, head_major_scales=True, head_major_codes=True)
+    q = torch.randn(B, HKV * G, D, device="cuda")
+    r_k = torch.linalg.qr(torch.randn(D, D, device="cuda", dtype=torch.float64))[0].float().contiguous()
+    extra = dict(k_rotation=r_k, int2_kernel="cuda")
+    if append:
+        new_k, new_v = (torch.randn(B, HKV, D, device="cuda") for _ in "kv")
+        used = set(seg.int2_page_table.flatten().tolist())  # INT2 slots in pages no table names
+        free = [p for p in range(kv.k_codes.shape[0]) if p not in used][:B]
+        assert len(free) == B
+        slot = (torch.tensor(free, dtype=torch.int32, device="cuda"),
+                torch.tensor([1, 0, 2], dtype=torch.int32, device="cuda"))
+        extra.update(append_k=new_k, append_v=new_v, rotate_append=True, append_int2=slot, append_clip=(0.96, 0.0))
+    pages = [kv.k_codes, kv.k_scales, kv.v_codes, kv.v_scales, kv.k_bf16, kv.v_bf16]
+    base = [t.clone() for t in pages]
+    serial = int2_decode_attention(q, kv, seg, overlap_tiers=False, **extra)
+    after_serial = [t.clone() for t in pages]
+    for t, b in zip(pages, base):
+        t.copy_(b)
+    overlapped = int2_decode_attention(q, kv, seg, **extra)
+    assert torch.equal(overlapped, serial)
+    for a, b in zip(pages, after_serial):
+        assert torch.equal(a, b)
+    for t, b in zip(pages, base):
+        t.copy_(b)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static = int2_decode_attention(q, kv, seg, **extra)
+    for t, b in zip(pages, base):
+        t.copy_(b)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(static, serial)
