@@ -133,10 +133,16 @@ def cuda_unsupported(q: torch.Tensor, kv: PagedKV, geo: KVGeometry, precision: s
     return None
 
 
+# One wave of CTAs instead of two when each CTA then reads at most this many tokens.  H100, head-major
+# pages, bs 8 (one wave = 8 splits, two = 16; 2026-12-07): 32K 71.3 vs 76.5 µs, 64K (8192 tokens a
+# CTA) 130.9 vs 133.6, 128K (16384) 244.4 vs 240.2.
+ONE_WAVE_MAX_TOKENS = 8192
+
+
 def default_cuda_splits(batch: int, n_kv_heads: int, max_len: int | None, warps: int = 4,
                         num_sms: int = 132) -> int:
-    """CTAs per (request, KV head): two waves of the 3 resident 4-warp CTAs per SM (164 registers),
-    rounded down; when >= 512 tokens per CTA caps that, the capped count rounded down to whole waves.
+    """CTAs per (request, KV head): two waves of the resident 4-warp CTAs per SM, rounded down, or one
+    when a CTA then reads <= ONE_WAVE_MAX_TOKENS; when >= 512 tokens per CTA caps that, the capped count rounded down to whole waves.
     H200 sweep (decode_h200.md), bs 8 x 128K: 12 splits 365.7 µs, 18 371.4, 24 372.7, 32 404.0,
     9 445.0 (1.45 waves: a ragged tail); bs 32 x 128K: 3 splits 1466.1, 6 1491.6, 8 1571.4;
     bs 1 x 16K: 32 (the cap) 19.6, 128 26.2, 8 38.6; bs 1 x 32K at the cap, 64 splits = 1.3 waves:
@@ -147,6 +153,8 @@ def default_cuda_splits(batch: int, n_kv_heads: int, max_len: int | None, warps:
     per_sm = 4 if DEFAULT_PIPE else 3
     slots = per_sm * num_sms * 4 // max(1, warps)
     splits = 2 * slots // units
+    if max_len is not None and slots >= units and max_len / (slots // units) <= ONE_WAVE_MAX_TOKENS:
+        splits = slots // units  # one wave: no second wave's prologue, epilogue and ragged tail
     if max_len is not None:
         cap = max(1, math.ceil(max_len / (4 * STEP * warps)))
         if cap < splits:
