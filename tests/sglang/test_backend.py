@@ -179,8 +179,8 @@ def test_chunked_prefill_decode_ring_wrap_and_prefix_hit(seed, extend_method, pa
 def test_decode_launch_writes_both_copies_of_the_new_token(seed, page_layout, form):
     # "launch": decode writes nothing before attending: its launch stores the step's token rotated
     # into the window (BF16) and into its own slot (INT2, dual residency: a radix-cache hit or the
-    # window moving on reads that copy later); "separate": the write launches do both first; "side":
-    # the launch stores the BF16 copy, int2_write_kv the INT2 one on a second stream (on CPU inline).
+    # window moving on reads that copy later); "separate": the write launches do both first; "side"
+    # (auto): bf16_write_kv first, int2_write_kv on a second stream (without CUDA in series).
     # Every form must equal the write kernels' result for those rows
     from oscar_ray.kernels import bf16_write_kv, int2_write_kv
 

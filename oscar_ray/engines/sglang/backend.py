@@ -11,12 +11,12 @@ pool's ownership tags once (tables.plan_writes), then builds the kernels' page t
 (tables.build_segments): decode over each request's whole cache, extend over its cached prefix.
 Per layer: in extend, write (int2_write into every token's slot, bf16_write into the windows),
 then int2_extend_attention (the chunk itself at full precision, causally); in decode,
-int2_decode_attention (q·R_K inside), whose launch also rotates the step's token and stores its BF16
-copy before attending it (append_k / append_v with rotate_append).  Its INT2 copy, read first in a
-later forward, is written in one of three forms (decode_write_form): "side", int2_write_kv on a
-second stream beside the attention (kernels/side_stream.py, joined at the next forward's start);
-"launch", by writer programs inside the attention launch (append_int2); "separate", both copies by
-the extend path's launches before the attention.  V is in the R_V basis throughout when absorbed (the default), so no
+int2_decode_attention (q·R_K inside).  The step's token is written in one of three forms
+(backend.decode_write): "side" (the default), bf16_write_kv into its window slot, then the attention,
+with int2_write_kv of its INT2 copy (read first in a later forward) on a second stream beside them
+(kernels/side_stream.py, joined at the next forward's start); "launch", both copies stored by the
+attention launch itself (append_k / append_v, rotate_append, append_int2: kernels/_append.py);
+"separate", int2_write_kv + bf16_write_kv before the attention.  V is in the R_V basis throughout when absorbed (the default), so no
 o·R_Vᵀ is computed.  CUDA graphs are not supported yet (init_cuda_graph_state raises).
 Loaded only by the plugin: imports sglang.
 """
@@ -56,18 +56,13 @@ def _host_max(values, fallback: torch.Tensor) -> int:
     return int(fallback.max().item()) if fallback.numel() else 0
 
 
-# Decode batches up to this size write the step's token inside the attention launch (its writer
-# programs); larger ones use the separate write launches.  H100, 16K context, µs added to the
-# attention (decode_h200.md, 2026-12-07): in-launch +8.5 / +16.7 / +32.1 at batch 1 / 8 / 32,
-# separate int2_write_kv + bf16_write_kv 9.4 / 9.1 / 8.7.  Likely why: the writer programs' serial
-# clip and pack per (request, KV head) run in the Triton launch after the CUDA INT2 tier, not beside it.
-FUSED_WRITE_MAX_BATCH = 1
+# The decode write's forms, µs added to the same decode launch without a write (H100, 16K context,
+# batch 1 / 8 / 32, benchmarks/append_cost.py, 2026-12-07): side +3.3 / +3.5 / +0.0; launch +7.2 /
+# +18.7 / +39.2 (its in-launch rotation alone +8.8 / +8.8 / +28.3: the owning split rotates in series
+# with its attention); separate +10.1 / +8.9 / +9.0.
+# "side" was the fastest at every batch size, so it is the default (without CUDA: the same launches in series).
 DECODE_WRITE_FORMS = ("side", "launch", "separate")
-
-
-def decode_write_form(batch: int, cuda: bool) -> str:
-    """How a decode batch of `batch` requests writes its new tokens (module docstring)."""
-    return "launch" if batch <= FUSED_WRITE_MAX_BATCH else "separate"
+DEFAULT_DECODE_WRITE = "side"
 
 
 class OscarAttnBackend(AttentionBackend):
@@ -75,7 +70,7 @@ class OscarAttnBackend(AttentionBackend):
 
     # int2_extend_attention's method: "auto" gathers + SDPA on CUDA, the fused kernel elsewhere
     extend_method = "auto"
-    # the decode step's write: "auto" (decode_write_form) or one of DECODE_WRITE_FORMS
+    # the decode step's write: "auto" (DEFAULT_DECODE_WRITE) or one of DECODE_WRITE_FORMS
     decode_write = "auto"
 
     def __init__(self, model_runner):
@@ -187,17 +182,17 @@ class OscarAttnBackend(AttentionBackend):
         plan = self.forward_metadata.plan
         attend = dict(k_rotation=r_k, v_rotation=r_v, sm_scale=layer.scaling)
         k3, v3 = k.reshape(-1, hkv, d), v.reshape(-1, hkv, d)
-        form = decode_write_form(q.shape[0], q.is_cuda) if self.decode_write == "auto" else self.decode_write
+        form = DEFAULT_DECODE_WRITE if self.decode_write == "auto" else self.decode_write
         if form not in DECODE_WRITE_FORMS:
             raise ValueError(f"decode_write must be 'auto' or one of {DECODE_WRITE_FORMS}, got {form!r}")
-        if form == "separate":  # int2_write_kv + bf16_write_kv, then the attention reads the BF16 slot
+        if form == "launch":  # both copies inside the attention launch, by its writer programs
+            attend.update(append_k=k3, append_v=v3, rotate_append=True,
+                          append_int2=(plan.int2_page, plan.int2_off), append_clip=(k_clip, v_clip))
+        elif form == "separate":  # int2_write_kv + bf16_write_kv, then the attention reads the BF16 slot
             self.pool.oscar_write(layer.layer_id, k3, v3, plan)
-        else:  # the launch rotates the token and stores it BF16 into its window slot before attending
-            attend.update(append_k=k3, append_v=v3, rotate_append=True)
-        if form == "launch":  # and INT2 into its own slot, by two writer programs (kernels/_append.py)
-            attend.update(append_int2=(plan.int2_page, plan.int2_off), append_clip=(k_clip, v_clip))
-        elif form == "side":  # INT2 by int2_write_kv beside the attention: nothing this step reads it
+        else:  # side: the BF16 copy first (the attention reads it), the INT2 one beside the attention
             self.side.run(lambda: self.pool.write_int2(layer.layer_id, k3, v3, plan), k3, v3)
+            self.pool.write_bf16(layer.layer_id, k3, v3, plan)
         o = int2_decode_attention(q.reshape(-1, hq, d), self.pool.paged_kv(layer.layer_id),
                                   self.forward_metadata.segments, **attend)
         return add_value_mean(o, mu_v).to(q.dtype).reshape(-1, hq * d)
