@@ -227,3 +227,15 @@ def test_read_only_needs_the_ring(seed):
     kv, seg, q = _cache(4, 8, [100], [0], seed)
     with pytest.raises(ValueError, match="read_only"):
         _partials(q, kv, seg, 2, 0, False, read_only=True)
+
+
+@pytest.mark.parametrize("batch, ctx, splits", [
+    (8, 32768, 8), (8, 65536, 8), (8, 131072, 16),  # one wave up to 8192 tokens a CTA, then two
+    (1, 16384, 32), (1, 32768, 64),                  # the >= 512-tokens-a-CTA cap
+    (1, 131072, 66), (32, 16384, 2), (32, 131072, 4)])
+def test_cuda_split_policy_on_the_h100_sweep_shapes(batch, ctx, splits):
+    # the counts decode_h200.md's 2026-12-07 sweeps measured fastest (132 SMs, 8 KV heads, ring on)
+    assert decode_cuda.DEFAULT_PIPE >= 3
+    assert decode_cuda.default_cuda_splits(batch, 8, ctx - 320, num_sms=132) == splits
+    one_wave = 4 * 132 // (batch * 8)
+    assert splits <= 2 * one_wave
