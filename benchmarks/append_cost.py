@@ -11,9 +11,11 @@ graphs over input copies that miss L2, medians), in these forms:
   sglang clip0 + the INT2 copy by the two writer programs, no clip
   sglang       + clip K at 0.96: the sglang backend's decode step
   separate     int2_write_kv + bf16_write_kv launches, then the rot launch (the unfused step)
-  side         rot+bf16, with int2_write_kv on a second stream beside it (kernels/side_stream.py),
-               joined at the call's end (the sglang backend joins at the next forward: more overlap)
-  side sep     bf16_write_kv, then the rot launch, with int2_write_kv on the second stream
+  side         bf16_write_kv, then the rot launch, with int2_write_kv on a second stream beside them
+               (kernels/side_stream.py), joined at the call's end: the sglang backend's decode step
+               (which joins at the next forward: more overlap).  In the run of 2026-12-07 this form was
+               named "side sep"
+  rot+bf16 side  rot+bf16 with int2_write_kv on the second stream (was "side")
   rot serial   rot with the BF16 tier's launch after the CUDA INT2 tier (overlap_tiers=False; the
                others run it beside the INT2 tier)
   sglang serial  sglang, in series likewise (the writer programs' cost before the overlap)
@@ -38,7 +40,7 @@ from oscar_ray.kernels.decode_attention import _decode_stage1_kernel  # noqa: E4
 from oscar_ray.kernels.side_stream import SideStream  # noqa: E402
 from oscar_ray.kernels.synthetic import random_mixed_cache  # noqa: E402
 
-FORMS = ["rot", "ring", "rot+bf16", "sglang clip0", "sglang", "separate", "side", "side sep", "rot serial",
+FORMS = ["rot", "ring", "rot+bf16", "sglang clip0", "sglang", "separate", "rot+bf16 side", "side", "rot serial",
          "sglang serial"]
 
 
@@ -64,7 +66,7 @@ def bench(batch: int, ctx: int, args, device: str) -> list[str]:
         extra = dict(k_rotation=r_k)
         if form == "ring":
             extra = dict(append_k=new_k, append_v=new_v)
-        elif form not in ("rot", "separate", "side sep", "rot serial"):
+        elif form not in ("rot", "separate", "side", "rot serial"):
             extra.update(append_k=new_k, append_v=new_v, rotate_append=True)
             if form.startswith("sglang"):
                 extra.update(append_int2=int2_slot, append_clip=(0.0 if form.endswith("clip0") else 0.96, 0.0))
@@ -76,11 +78,11 @@ def bench(batch: int, ctx: int, args, device: str) -> list[str]:
                           c[0].v_codes, c[0].v_scales)
 
         def call(c):
-            if form.startswith("side"):
+            if form.endswith("side"):
                 side.run(lambda: int2(c))
             elif form == "separate":
                 int2(c)
-            if form in ("separate", "side sep"):
+            if form in ("separate", "side"):
                 bf16_write_kv(new_k, new_v, r_k, None, p16, o16, c[0].k_bf16, c[0].v_bf16)
             out = int2_decode_attention(q, c[0], c[1], max_int2_len=n2, **extra)
             side.join()

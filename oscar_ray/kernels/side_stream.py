@@ -1,11 +1,11 @@
-"""SideStream: launches whose results nothing in the current step reads, run beside it.
+"""SideStream: launches run on a second CUDA stream beside the current one, joined when read.
 
-The sglang pool keeps every token INT2 as well as in its BF16 window (dual residency), but a decode
-step attends its new token from the BF16 copy: the INT2 copy is first read when the window moves on
-(~R tokens later) or by a radix-cache hit, both in a later forward.  So its write (int2_write_kv,
-8.7-9.4 µs per layer and step at bs 1-32 on an H100, decode_h200.md) need not sit in series with the
-attention: on a second stream it overlaps the attention and the layer's projections, which leave
-most SMs idle at small batches (bs 1: 8 KV heads x a few splits of CTAs).
+Two users.  int2_decode_attention runs the BF16 tier's launch beside the CUDA INT2 tier and joins
+before the merge, which reads both.  The sglang backend runs a decode step's INT2 copy
+(int2_write_kv, 8.7-9.4 µs per layer and step at bs 1-32 on an H100, decode_h200.md) beside the
+attention and joins at the next forward: the step attends its new token from the BF16 copy, and the
+INT2 copy is first read when the window moves on or by a radix-cache hit.  Both leave most SMs idle
+at small batches (bs 1: 8 KV heads x a few splits of CTAs), which the side work fills.
 
 Ordering: `run` makes the side stream wait for everything queued on the current stream so far (the
 inputs), and marks the tensors it names as used there, so the caching allocator does not hand their
@@ -22,7 +22,7 @@ import torch
 
 
 class SideStream:
-    """A second CUDA stream on `device` for work the current step does not read (see the module docstring)."""
+    """A second CUDA stream on `device` for work joined later (see the module docstring)."""
 
     def __init__(self, device: torch.device | str):
         self.device = torch.device(device)

@@ -178,7 +178,6 @@ class OscarAttnBackend(AttentionBackend):
         k, v, mu_v = self._centre(layer, k, v)
         hq, hkv, d = layer.tp_q_head_num, layer.tp_k_head_num, layer.qk_head_dim
         r_k, r_v = self._rotations(layer)
-        _, _, k_clip, v_clip = self.pool.rotations.layer(layer.layer_id)
         plan = self.forward_metadata.plan
         attend = dict(k_rotation=r_k, v_rotation=r_v, sm_scale=layer.scaling)
         k3, v3 = k.reshape(-1, hkv, d), v.reshape(-1, hkv, d)
@@ -186,6 +185,7 @@ class OscarAttnBackend(AttentionBackend):
         if form not in DECODE_WRITE_FORMS:
             raise ValueError(f"decode_write must be 'auto' or one of {DECODE_WRITE_FORMS}, got {form!r}")
         if form == "launch":  # both copies inside the attention launch, by its writer programs
+            _, _, k_clip, v_clip = self.pool.rotations.layer(layer.layer_id)
             attend.update(append_k=k3, append_v=v3, rotate_append=True,
                           append_int2=(plan.int2_page, plan.int2_off), append_clip=(k_clip, v_clip))
         elif form == "separate":  # int2_write_kv + bf16_write_kv, then the attention reads the BF16 slot
