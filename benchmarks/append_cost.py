@@ -8,14 +8,15 @@ graphs over input copies that miss L2, medians), in these forms:
   rot          q rotated by R_K, no append (the baseline of the sglang forms)
   ring         the torch engine's fused ring write: already rotated rows stored BF16
   rot+bf16     rows rotated by R_K in the launch, stored BF16 (no INT2 copy)
-  sglang clip0 + the INT2 copy by the two writer programs, no clip
-  sglang       + clip K at 0.96: the sglang backend's decode step
+  sglang       + the INT2 copy by the two writer programs, K clipped at 0.96: the "launch" form
   separate     int2_write_kv + bf16_write_kv launches, then the rot launch (the unfused step)
-  side         bf16_write_kv, then the rot launch, with int2_write_kv on a second stream beside them
-               (kernels/side_stream.py), joined at the call's end: the sglang backend's decode step
-               (which joins at the next forward: more overlap).  In the run of 2026-12-07 this form was
-               named "side sep"
-  rot+bf16 side  rot+bf16 with int2_write_kv on the second stream (was "side")
+  bf16 side    bf16_write_kv, then the rot launch, with int2_write_kv on a second stream beside them
+               (kernels/side_stream.py), joined at the call's end (the backend's "side" form until
+               2026-12-08; named "side sep" in the raw file of 2026-12-07, whose "side" was rot+bf16
+               with int2_write_kv on the second stream)
+  side         both write launches on the second stream, the rot launch attending the new token from
+               its rows (attend_new, kernels/_merge.py): the sglang backend's decode step ("side"),
+               which joins at the next forward (more overlap than here)
   rot serial   rot with the BF16 tier's launch after the CUDA INT2 tier (overlap_tiers=False; the
                others run it beside the INT2 tier)
   sglang serial  sglang, in series likewise (the writer programs' cost before the overlap)
@@ -40,8 +41,7 @@ from oscar_ray.kernels.decode_attention import _decode_stage1_kernel  # noqa: E4
 from oscar_ray.kernels.side_stream import SideStream  # noqa: E402
 from oscar_ray.kernels.synthetic import random_mixed_cache  # noqa: E402
 
-FORMS = ["rot", "ring", "rot+bf16", "sglang clip0", "sglang", "separate", "rot+bf16 side", "side", "rot serial",
-         "sglang serial"]
+FORMS = ["rot", "ring", "rot+bf16", "sglang", "separate", "bf16 side", "side", "rot serial", "sglang serial"]
 
 
 def bench(batch: int, ctx: int, args, device: str) -> list[str]:
@@ -66,10 +66,12 @@ def bench(batch: int, ctx: int, args, device: str) -> list[str]:
         extra = dict(k_rotation=r_k)
         if form == "ring":
             extra = dict(append_k=new_k, append_v=new_v)
-        elif form not in ("rot", "separate", "side", "rot serial"):
+        elif form == "side":
+            extra.update(attend_new=(new_k, new_v))  # V absorbed: the rows are in the cache's V basis
+        elif form not in ("rot", "separate", "bf16 side", "rot serial"):
             extra.update(append_k=new_k, append_v=new_v, rotate_append=True)
             if form.startswith("sglang"):
-                extra.update(append_int2=int2_slot, append_clip=(0.0 if form.endswith("clip0") else 0.96, 0.0))
+                extra.update(append_int2=int2_slot, append_clip=(0.96, 0.0))
         if form.endswith("serial"):
             extra.update(overlap_tiers=False)
 
@@ -77,13 +79,18 @@ def bench(batch: int, ctx: int, args, device: str) -> list[str]:
             int2_write_kv(new_k, new_v, r_k, None, 0.96, 0.0, *int2_slot, c[0].k_codes, c[0].k_scales,
                           c[0].v_codes, c[0].v_scales)
 
+        def bf16(c):
+            bf16_write_kv(new_k, new_v, r_k, None, p16, o16, c[0].k_bf16, c[0].v_bf16)
+
         def call(c):
-            if form.endswith("side"):
+            if form == "side":
+                side.run(lambda: (int2(c), bf16(c)))
+            elif form == "bf16 side":
                 side.run(lambda: int2(c))
             elif form == "separate":
                 int2(c)
-            if form in ("separate", "side"):
-                bf16_write_kv(new_k, new_v, r_k, None, p16, o16, c[0].k_bf16, c[0].v_bf16)
+            if form in ("separate", "bf16 side"):
+                bf16(c)
             out = int2_decode_attention(q, c[0], c[1], max_int2_len=n2, **extra)
             side.join()
             return out

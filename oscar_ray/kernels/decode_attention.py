@@ -7,8 +7,9 @@ runs all g = Hq/Hkv query heads of the KV head in one [BLOCK_H, ·] tile (BLOCK_
 two ≥ max(g, 16), the tl.dot minimum).  Each split writes its normalised partial output and
 log2-sum-exp; an empty split writes LSE −inf.  The INT2 tier fills splits [0, S), the BF16 tier
 splits [S, S + S16) of the same partial buffers.
-Stage 2 (`_decode_merge_kernel`) merges all S + S16 splits with the usual LSE weights, which is
-exact attention over the union of the tiers (softmax is permutation-invariant over keys).
+Stage 2 (`_merge._decode_merge_kernel`) merges all S + S16 splits with the usual LSE weights, which is
+exact attention over the union of the tiers (softmax is permutation-invariant over keys), and with
+attend_new the step's new token from its rows (see _merge.py).
 
 Split lengths are computed per request inside the kernel from its own length, so one grid (and one
 CUDA graph) serves every mix of lengths, and the host never reads the lengths (no sync).
@@ -24,6 +25,7 @@ import triton.language as tl
 
 from ._append import _append_int2, _append_step, append_args
 from ._attn_tiles import _int2_step, _load_q4, _page_bases, _rows_step, _store4
+from ._merge import _decode_merge_kernel, new_token_args
 from ._validate import (FLOAT_ROWS, check_positive, check_pow2, check_precision, check_rotation, check_tensor,
                         nonempty_table)
 from .decode_cuda import COPIES, cuda_unsupported, default_copies, default_cuda_splits, int2_tier_cuda
@@ -41,10 +43,14 @@ def _tier_partial(q_ptr, k_ptr, ks_ptr, v_ptr, vs_ptr, table_ptr, lens_ptr, mid_
                   s_table, n_q_heads, b, kh, split, row_split, total_splits,
                   GQA: tl.constexpr, PAGE: tl.constexpr, D: tl.constexpr, GS: tl.constexpr,
                   INT2: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_H: tl.constexpr,
-                  BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, KEY_BITS: tl.constexpr):
-    """Split `split` of one tier of request b, KV head kh → partial row `row_split` of mid_o / mid_lse."""
+                  BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, KEY_BITS: tl.constexpr,
+                  SKIP_LAST: tl.constexpr = False):
+    """Split `split` of one tier of request b, KV head kh → partial row `row_split` of mid_o / mid_lse.
+    SKIP_LAST: the tier's last token is left out (attend_new: the merge attends it from its rows)."""
     QD: tl.constexpr = D // 4
     seq_len = tl.load(lens_ptr + b)
+    if SKIP_LAST:
+        seq_len = tl.maximum(seq_len - 1, 0)
     # this split's tokens: an equal share of the request's tier, rounded up to whole tiles
     split_len = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
     start = split * split_len
@@ -94,7 +100,8 @@ def _decode_stage1_kernel(q_ptr, kc_ptr, ks_ptr, vc_ptr, vs_ptr, t2_ptr, l2_ptr,
                           BLOCK_N2: tl.constexpr, BLOCK_N16: tl.constexpr, PRECISION: tl.constexpr,
                           KEY_BITS: tl.constexpr, APPEND: tl.constexpr, ROT_K: tl.constexpr, ROT_V: tl.constexpr,
                           KC: tl.constexpr, INT2W: tl.constexpr, CLIP_K: tl.constexpr, IDX_K: tl.constexpr,
-                          CLIP_V: tl.constexpr, IDX_V: tl.constexpr, SCALE_FP16: tl.constexpr):
+                          CLIP_V: tl.constexpr, IDX_V: tl.constexpr, SCALE_FP16: tl.constexpr,
+                          NEW: tl.constexpr):
     # both tiers in one launch (splits [0, SPLITS2) INT2, the rest BF16): one kernel launch fewer per
     # layer and step, ~4 µs of a 25 µs bs-1 16K step on the H200
     b = tl.program_id(0)
@@ -124,26 +131,7 @@ def _decode_stage1_kernel(q_ptr, kc_ptr, ks_ptr, vc_ptr, vs_ptr, t2_ptr, l2_ptr,
                          ROT_K, ROT_V, KC)
         _tier_partial(q_ptr, kb_ptr, kb_ptr, vb_ptr, vb_ptr, t16_ptr, l16_ptr, mid_o_ptr, mid_lse_ptr, qk_scale, sqb,
                       sqh, sbp, sbt, sbh, 0, 0, 0, 0, 0, 0, st16, n_q_heads, b, kh, split - SPLITS2, split, total,
-                      GQA, PAGE16, D, GS, False, SPLITS16, BLOCK_H, BLOCK_N16, PRECISION, 2)
-
-
-@triton.jit
-def _decode_merge_kernel(mid_o_ptr, mid_lse_ptr, out_ptr, sob, soh, n_q_heads, total_splits,
-                         D: tl.constexpr, BLOCK_S: tl.constexpr):
-    b = tl.program_id(0)
-    h = tl.program_id(1)
-    s = tl.arange(0, BLOCK_S)
-    smask = s < total_splits
-    row = (b * n_q_heads + h).to(tl.int64) * total_splits + s
-    lse = tl.load(mid_lse_ptr + row, mask=smask, other=float("-inf"))
-    top = tl.max(lse, 0)
-    top = tl.where(top == float("-inf"), 0.0, top)  # a request with no tokens at all
-    w = tl.where(lse > float("-inf"), tl.exp2(lse - top), 0.0)  # empty splits weigh 0
-    cols = tl.arange(0, D)
-    o = tl.load(mid_o_ptr + row[:, None] * D + cols[None, :], mask=smask[:, None], other=0.0)
-    total = tl.sum(w, 0)
-    res = tl.sum(w[:, None] * o, 0) / tl.where(total > 0, total, 1.0)
-    tl.store(out_ptr + b * sob + h * soh + cols, res)
+                      GQA, PAGE16, D, GS, False, SPLITS16, BLOCK_H, BLOCK_N16, PRECISION, 2, NEW)
 
 
 def default_num_splits(batch: int, n_kv_heads: int, max_len: int | None = None, num_sms: int = H200_SMS,
@@ -199,7 +187,8 @@ def int2_decode_attention(q: torch.Tensor, kv: PagedKV, seg: Segments, *, k_rota
                           int2_kernel: str = "auto", rotate_append: bool = False,
                           append_int2: tuple[torch.Tensor, torch.Tensor] | None = None,
                           append_clip: tuple[float, float] = (0.0, 0.0), cuda_copies: str = "auto",
-                          overlap_tiers: bool = True) -> torch.Tensor:
+                          overlap_tiers: bool = True,
+                          attend_new: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """One decode query per request over its INT2 + BF16 tokens → o [B, Hq, d] float32.
 
     q [B, Hq, d] is in the rotated K basis unless k_rotation (fp32 [d, d] or [H_kv, d, d]) is given,
@@ -242,6 +231,12 @@ def int2_decode_attention(q: torch.Tensor, kv: PagedKV, seg: Segments, *, k_rota
     programs) runs on a second stream beside it, joined before the merge (the two write disjoint
     partials): it fills the SMs the INT2 tier's last wave leaves idle instead of following it;
     False: in series.  No effect without CUDA or with the Triton INT2 tier (one launch then).
+    attend_new = (k_new, v_new) [B, H_kv, d]: each request's last BF16-tier token (bf16_lens counts
+    it) is attended from these rows instead of from its slot, which this launch never reads, so the
+    step's write into it may run concurrently on another stream (the sglang backend's "side" form).
+    k_new is in the basis q is given in (the model's when k_rotation is given: scores are
+    rotation-invariant), v_new in the cache's V basis (o's before v_rotation).  A request with no
+    BF16-tier token attends no new row.  Not with append_k / append_v.  See _merge.py.
     Example: o = int2_decode_attention(q, PagedKV(...), Segments(...), k_rotation=R_K, v_rotation=R_V)
     """
     geo = kv.geometry()
@@ -278,6 +273,7 @@ def int2_decode_attention(q: torch.Tensor, kv: PagedKV, seg: Segments, *, k_rota
         check_positive("max_registers", max_registers)
     app = append_args(q, b, hkv, d, append_k, append_v, rotate_append, k_rotation, v_rotation, append_int2,
                       append_clip, geo.scale_fp16)
+    new = new_token_args(q, b, hkv, d, attend_new, app.enabled)
     g = hq // hkv
     if use_cuda:
         s2 = num_splits or default_cuda_splits(b, hkv, max_int2_len, num_sms=num_sms)
@@ -305,7 +301,7 @@ def int2_decode_attention(q: torch.Tensor, kv: PagedKV, seg: Segments, *, k_rota
             hq, *app.tensors, *app.strides,
             s2 if use_cuda else 0, GQA=g, PAGE2=geo.int2_page_size, PAGE16=geo.bf16_page_size, D=d, GS=geo.group_size,
             SPLITS2=s2, SPLITS16=s16, BLOCK_H=block_h, BLOCK_N2=block_n, BLOCK_N16=bf16_block_n, PRECISION=precision,
-            KEY_BITS=geo.key_bits, APPEND=app.enabled, **app.constexprs, num_warps=num_warps, num_stages=num_stages,
+            KEY_BITS=geo.key_bits, APPEND=app.enabled, NEW=new.enabled, **app.constexprs, num_warps=num_warps, num_stages=num_stages,
             **({"maxnreg": max_registers} if max_registers else {}))
 
     # the BF16 launch first, beside the INT2 tier: its writer programs' serial chains start earliest
@@ -321,6 +317,7 @@ def int2_decode_attention(q: torch.Tensor, kv: PagedKV, seg: Segments, *, k_rota
         side.join()  # the merge reads both tiers' partials
     else:
         stage1()
-    _decode_merge_kernel[(b, hq)](mid_o, mid_lse, out, out.stride(0), out.stride(1), hq, total,
-                                  D=d, BLOCK_S=triton.next_power_of_2(total), num_warps=4)
+    _decode_merge_kernel[(b, hq)](mid_o, mid_lse, out, out.stride(0), out.stride(1), hq, total, *new.tensors,
+                                  seg.bf16_lens, *new.strides, qk_scale, D=d, BLOCK_S=triton.next_power_of_2(total),
+                                  GQA=g, NEW=new.enabled, num_warps=4)
     return out if v_rotation is None else rotate_heads(out, v_rotation, transpose=True)

@@ -88,3 +88,46 @@ def test_overlapped_tiers_equal_the_tiers_in_series_cuda(seed, append):
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(static, serial)
+
+
+@pytest.mark.parametrize("int2_kernel", ["cuda", "triton"])
+def test_attend_new_beside_the_side_write_equals_write_then_attend_cuda(seed, int2_kernel):
+    # the sglang backend's "side" form: both copies of the step's token written on the side stream
+    # while the attention takes the token from its rows; the pages equal the writes in series and
+    # the output the attention over the written cache (within bf16 operand rounding)
+    from oscar_ray.kernels import bf16_write_kv
+
+    kv, seg = random_mixed_cache([5000, 70, 0], [320, 200, 9], HKV, D, scale_dtype=torch.float16, device="cuda",
+                                 seed=seed, head_major_scales=True, head_major_codes=True)
+    q = torch.randn(B, HKV * G, D, device="cuda").to(torch.bfloat16)
+    r_k = torch.linalg.qr(torch.randn(D, D, device="cuda", dtype=torch.float64))[0].float().contiguous()
+    k, v = (torch.randn(B, HKV, D, device="cuda").to(torch.bfloat16) for _ in "kv")
+    used = set(seg.int2_page_table.flatten().tolist())
+    free = torch.tensor([p for p in range(kv.k_codes.shape[0]) if p not in used][:B], dtype=torch.int32,
+                        device="cuda")
+    off2 = torch.tensor([1, 0, 2], dtype=torch.int32, device="cuda")
+    last = seg.bf16_lens.long() - 1
+    p16 = seg.bf16_page_table.gather(1, (last // kv.k_bf16.shape[1])[:, None])[:, 0].int()
+    o16 = (last % kv.k_bf16.shape[1]).int()
+    pages = [kv.k_codes, kv.k_scales, kv.v_codes, kv.v_scales, kv.k_bf16, kv.v_bf16]
+    base = [t.clone() for t in pages]
+
+    def write():
+        int2_write_kv(k, v, r_k, None, 0.96, 0.0, free, off2, kv.k_codes, kv.k_scales, kv.v_codes, kv.v_scales)
+        bf16_write_kv(k, v, r_k, None, p16, o16, kv.k_bf16, kv.v_bf16)
+
+    write()
+    want = int2_decode_attention(q, kv, seg, k_rotation=r_k, int2_kernel=int2_kernel)
+    written = [t.clone() for t in pages]
+    for t, b in zip(pages, base):
+        t.copy_(b)
+    kv.k_bf16[p16.long(), o16.long()] = float("nan")  # what a read before the side write lands would see
+    side = SideStream("cuda")
+    side.run(write, k, v)
+    got = int2_decode_attention(q, kv, seg, k_rotation=r_k, int2_kernel=int2_kernel, attend_new=(k, v))
+    side.join()
+    torch.cuda.synchronize()
+    for a, b in zip(pages, written):
+        assert torch.equal(a, b)
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got, want, atol=3e-3, rtol=1e-2)

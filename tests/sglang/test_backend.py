@@ -35,10 +35,10 @@ def _orthogonal(*shape):
 
 
 class World:
-    """One sglang rank's cache objects with the OSCAR pool: sink 1 page, recent 2 pages."""
+    """One sglang rank's cache objects with the OSCAR pool: sink 1 page, recent 2 pages (default)."""
 
-    def __init__(self, page_layout="token"):
-        settings = OscarSettings(rotations="per-head test rotations", sink_tokens=P, recent_tokens=2 * P,
+    def __init__(self, page_layout="token", recent_pages=2):
+        settings = OscarSettings(rotations="per-head test rotations", sink_tokens=P, recent_tokens=recent_pages * P,
                                  page_layout=page_layout)
         self.r_k = _orthogonal(LAYERS, HKV, D, D)
         rot = RankRotations(0, self.r_k, _orthogonal(LAYERS, HKV, D, D), (CLIP[0],) * LAYERS, (CLIP[1],) * LAYERS)
@@ -180,15 +180,17 @@ def test_decode_launch_writes_both_copies_of_the_new_token(seed, page_layout, fo
     # "launch": decode writes nothing before attending: its launch stores the step's token rotated
     # into the window (BF16) and into its own slot (INT2, dual residency: a radix-cache hit or the
     # window moving on reads that copy later); "separate": the write launches do both first; "side"
-    # (auto): bf16_write_kv first, int2_write_kv on a second stream (without CUDA in series).
-    # Every form must equal the write kernels' result for those rows
+    # (auto): both write launches on a second stream (without CUDA in series), the attention taking
+    # the token from its rows.  Every form must equal the write kernels' result for those rows, and
+    # attend over the tokens the tiers hold (all BF16 at 41: sink page 0, recent pages 1..2)
     from oscar_ray.kernels import bf16_write_kv, int2_write_kv
 
     w = World(page_layout)
     w.backend.decode_write = form
     a = 1
     w.forward(ForwardMode.EXTEND, [a], [40])
-    w.forward(ForwardMode.DECODE, [a], [1])
+    spans, out, seg = w.forward(ForwardMode.DECODE, [a], [1])
+    _check(w, [a], spans, out, seg, [[(0, 41)]], decode=True)
     loc = int(w.req_pool.req_to_token[a, 40])
     page, off = torch.tensor([loc // P], dtype=torch.int32), torch.tensor([loc % P], dtype=torch.int32)
     ring = int(w.backend.forward_metadata.plan.bf16_page[0])
@@ -216,3 +218,19 @@ def test_unknown_decode_write_form_is_refused_before_any_write(seed):
     with pytest.raises(ValueError, match="decode_write must be"):
         w.forward(ForwardMode.DECODE, [1], [1])
     assert all(torch.equal(a, b) for a, b in zip(codes, w.pool.k_codes))
+
+
+@pytest.mark.parametrize("form", ["auto", "launch"])
+def test_decode_without_a_recent_window_reads_the_new_token_from_int2(seed, form):
+    # recent_tokens 0: at 48 tokens the tail page (32..47, the step's token last) is INT2 history and
+    # the BF16 tier's last token is sink token 15, which the in-launch and side forms would take for
+    # the new token's slot; the backend writes first instead ("separate")
+    w = World("head", recent_pages=0)
+    w.backend.decode_write = form
+    a = 1
+    w.forward(ForwardMode.EXTEND, [a], [47])
+    arena = slice(0, w.pool.arena.scratch_page)  # the token's BF16 copy goes to the scratch page
+    before = [t[arena].clone() for t in (*w.pool.k_bf16, *w.pool.v_bf16)]
+    spans, out, seg = w.forward(ForwardMode.DECODE, [a], [1])
+    _check(w, [a], spans, out, seg, [[(0, 16)]], decode=True)
+    assert all(torch.equal(x, t[arena]) for x, t in zip(before, (*w.pool.k_bf16, *w.pool.v_bf16)))

@@ -12,11 +12,14 @@ pool's ownership tags once (tables.plan_writes), then builds the kernels' page t
 Per layer: in extend, write (int2_write into every token's slot, bf16_write into the windows),
 then int2_extend_attention (the chunk itself at full precision, causally); in decode,
 int2_decode_attention (q·R_K inside).  The step's token is written in one of three forms
-(backend.decode_write): "side" (the default), bf16_write_kv into its window slot, then the attention,
-with int2_write_kv of its INT2 copy (read first in a later forward) on a second stream beside them
-(kernels/side_stream.py, joined at the next forward's start); "launch", both copies stored by the
-attention launch itself (append_k / append_v, rotate_append, append_int2: kernels/_append.py);
-"separate", int2_write_kv + bf16_write_kv before the attention.  V is in the R_V basis throughout when absorbed (the default), so no
+(backend.decode_write): "side" (the default), both copies (int2_write_kv, bf16_write_kv) on a second
+stream beside the attention (kernels/side_stream.py, joined at the next forward's start), which
+attends the token from its rows and leaves its window slot unread (attend_new, kernels/_merge.py);
+"launch", both copies stored by the attention launch itself (append_k / append_v, rotate_append,
+append_int2: kernels/_append.py); "separate", int2_write_kv + bf16_write_kv before the attention.
+"side" and "launch" need the step's token to be its request's last BF16-tier token, which holds
+when the recent window has a page (the tail page is then always in it); with recent_tokens 0 a
+full tail page is INT2 history and both fall back to "separate".  V is in the R_V basis throughout when absorbed (the default), so no
 o·R_Vᵀ is computed.  CUDA graphs are not supported yet (init_cuda_graph_state raises).
 Loaded only by the plugin: imports sglang.
 """
@@ -30,6 +33,7 @@ from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 
 from oscar_ray.kernels import Segments, int2_decode_attention, int2_extend_attention
 from oscar_ray.kernels.extend_routes import DEQUANT_MIN_CHUNK, host_lengths_of
+from oscar_ray.kernels.reference import rotate_heads
 from oscar_ray.kernels.side_stream import SideStream
 from oscar_ray.quant.centre import add_value_mean, centred
 
@@ -57,10 +61,11 @@ def _host_max(values, fallback: torch.Tensor) -> int:
 
 
 # The decode write's forms, µs added to the same decode launch without a write (H100, 16K context,
-# batch 1 / 8 / 32, benchmarks/append_cost.py, 2026-12-07): side +3.3 / +3.5 / +0.0; launch +7.2 /
-# +18.7 / +39.2 (its in-launch rotation alone +8.8 / +8.8 / +28.3: the owning split rotates in series
-# with its attention); separate +10.1 / +8.9 / +9.0.
-# "side" was the fastest at every batch size, so it is the default (without CUDA: the same launches in series).
+# batch 1 / 8 / 32, benchmarks/append_cost.py, 2026-12-07): launch +7.2 / +18.7 / +39.2 (its in-launch
+# rotation alone +8.8 / +8.8 / +28.3: the owning split rotates in series with its attention); separate
+# +10.1 / +8.9 / +9.0; side with bf16_write_kv still before the attention +3.3 / +3.5 / +0.0, of which
+# that launch was ~2.5 µs at bs 1, so "side" now moves it beside the attention too.
+# "side" is the default (without CUDA: the same launches in series, before the attention).
 DECODE_WRITE_FORMS = ("side", "launch", "separate")
 DEFAULT_DECODE_WRITE = "side"
 
@@ -86,7 +91,7 @@ class OscarAttnBackend(AttentionBackend):
         self.device = model_runner.device
         self.req_to_token = model_runner.req_to_token_pool.req_to_token
         self.forward_metadata: OscarForwardMetadata | None = None
-        self.side = SideStream(self.device)  # the "side" decode write's INT2 copies
+        self.side = SideStream(self.device)  # the "side" decode write's copies
 
     # --- metadata ----------------------------------------------------------------------------
     def init_forward_metadata(self, forward_batch):
@@ -184,15 +189,18 @@ class OscarAttnBackend(AttentionBackend):
         form = DEFAULT_DECODE_WRITE if self.decode_write == "auto" else self.decode_write
         if form not in DECODE_WRITE_FORMS:
             raise ValueError(f"decode_write must be 'auto' or one of {DECODE_WRITE_FORMS}, got {form!r}")
+        if self.pool.geometry.recent_pages == 0:
+            form = "separate"  # the new token may be INT2 history (module docstring)
         if form == "launch":  # both copies inside the attention launch, by its writer programs
             _, _, k_clip, v_clip = self.pool.rotations.layer(layer.layer_id)
             attend.update(append_k=k3, append_v=v3, rotate_append=True,
                           append_int2=(plan.int2_page, plan.int2_off), append_clip=(k_clip, v_clip))
         elif form == "separate":  # int2_write_kv + bf16_write_kv, then the attention reads the BF16 slot
             self.pool.oscar_write(layer.layer_id, k3, v3, plan)
-        else:  # side: the BF16 copy first (the attention reads it), the INT2 one beside the attention
-            self.side.run(lambda: self.pool.write_int2(layer.layer_id, k3, v3, plan), k3, v3)
-            self.pool.write_bf16(layer.layer_id, k3, v3, plan)
+        else:  # side: both copies beside the attention, which takes the token from k3 / v3
+            self.side.run(lambda: self.pool.oscar_write(layer.layer_id, k3, v3, plan), k3, v3)
+            # attend_new's v is in the cache's V basis: v3 already is when absorbed (r_v None)
+            attend["attend_new"] = (k3, v3 if r_v is None else rotate_heads(v3, r_v))
         o = int2_decode_attention(q.reshape(-1, hq, d), self.pool.paged_kv(layer.layer_id),
                                   self.forward_metadata.segments, **attend)
         return add_value_mean(o, mu_v).to(q.dtype).reshape(-1, hq * d)

@@ -23,7 +23,8 @@ SCRIPT = textwrap.dedent('''
     def check(fn, types, constexprs, num_warps=4, num_stages=2, max_shared=None):
         if fn is da._decode_stage1_kernel:
             constexprs = {"APPEND": False, "ROT_K": False, "ROT_V": False, "KC": 16, "INT2W": False, "CLIP_K": False,
-                          "IDX_K": 0, "CLIP_V": False, "IDX_V": 0, "SCALE_FP16": False, **constexprs}
+                          "IDX_K": 0, "CLIP_V": False, "IDX_V": 0, "SCALE_FP16": False, "NEW": False,
+                          **constexprs}
         sig = {n: "constexpr" if n in constexprs else types.get(n, "i32") for n in fn.arg_names}
         k = triton.compile(ASTSource(fn, sig, constexprs), target=GPUTarget("cuda", 90, 32),
                            options={"num_warps": num_warps, "num_stages": num_stages})
@@ -83,8 +84,14 @@ SCRIPT = textwrap.dedent('''
           dict(GQA=4, PAGE2=16, PAGE16=16, D=128, GS=128, SPLITS2=17, SPLITS16=4, BLOCK_H=16, BLOCK_N2=128,
                BLOCK_N16=64, PRECISION="bf16", KEY_BITS=2, APPEND=True, ROT_K=True, INT2W=True, CLIP_K=True,
                IDX_K=122, SCALE_FP16=True), num_stages=3, max_shared=48 << 10)
-    check(da._decode_merge_kernel, dict(mid_o_ptr=P("fp32"), mid_lse_ptr=P("fp32"), out_ptr=P("fp32")),
-          dict(D=128, BLOCK_S=128))
+    # the sglang backend's "side" form: the BF16 tier leaves the new token's slot unread
+    check(da._decode_stage1_kernel, d1, dict(GQA=4, PAGE2=16, PAGE16=16, D=128, GS=128, SPLITS2=17, SPLITS16=4,
+          BLOCK_H=16, BLOCK_N2=128, BLOCK_N16=64, PRECISION="bf16", KEY_BITS=2, NEW=True), num_stages=3,
+          max_shared=48 << 10)
+    m = dict(mid_o_ptr=P("fp32"), mid_lse_ptr=P("fp32"), out_ptr=P("fp32"), q_ptr=P("bf16"), nk_ptr=P("bf16"),
+             nv_ptr=P("bf16"), l16_ptr=P("i32"), qk_scale="fp32")
+    for new in (False, True):  # ... and the merge scores it from its rows
+        check(da._decode_merge_kernel, m, dict(D=128, BLOCK_S=128, GQA=4, NEW=new))
     e = dict(q_ptr=P("bf16"), kn_ptr=P("bf16"), vn_ptr=P("bf16"), kc_ptr=P("u8"), ks_ptr=P("fp32"), vc_ptr=P("u8"),
              vs_ptr=P("fp32"), kb_ptr=P("bf16"), vb_ptr=P("bf16"), t2_ptr=P("i32"), l2_ptr=P("i32"), t16_ptr=P("i32"),
              l16_ptr=P("i32"), indptr_ptr=P("i32"), out_ptr=P("fp32"), qk_scale="fp32")

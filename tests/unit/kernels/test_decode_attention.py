@@ -1,5 +1,7 @@
 """Split-K decode attention over the mixed cache against reference_attention on the dequantised cache."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -237,3 +239,46 @@ def test_fused_rotate_and_int2_append_equals_the_write_kernels(seed, scale_dtype
                               append_clip=(1.5, 0.0))
     with pytest.raises(ValueError, match="need append_k"):
         int2_decode_attention(q, kv, seg, rotate_append=True)
+
+
+def _signed_permutations(hkv: int, d: int, gen: torch.Generator) -> torch.Tensor:
+    """[H_kv, d, d] orthogonal rotations whose products with bf16 rows stay exact in bf16."""
+    eye = torch.eye(d)
+    return torch.stack([eye[torch.randperm(d, generator=gen)] * (torch.randint(0, 2, (d, 1), generator=gen) * 2 - 1)
+                        for _ in range(hkv)])
+
+
+@pytest.mark.parametrize("rotate", [False, True])
+def test_attend_new_scores_the_rows_and_leaves_the_slot_unread(seed, rotate):
+    # attend_new: the last BF16-tier token comes from the given rows (its slot holds NaN: read, it
+    # would poison the output), equal to attention over a cache whose slot holds them; with
+    # k_rotation the rows (and q) are in the model's basis, the cache in the rotated one
+    int2, bf16 = [40, 0, 77, 16, 5], [13, 1, 9, 0, 64]  # request 3: no BF16 token, no new row
+    b, hkv, d, g = len(int2), 2, 64, 4
+    kv, seg = random_mixed_cache(int2, bf16, hkv, d, bf16_page_size=16, seed=seed)
+    gen = torch.Generator().manual_seed(seed)
+    r_k = _signed_permutations(hkv, d, gen) if rotate else None
+    r_v = _signed_permutations(hkv, d, gen) if rotate else None
+    k_new = torch.randn(b, hkv, d, generator=gen).to(torch.bfloat16)
+    v_new = torch.randn(b, hkv, d, generator=gen).to(torch.bfloat16)
+    q = torch.randn(b, hkv * g, d, generator=gen)
+    ref_kv = dataclasses.replace(kv, k_bf16=kv.k_bf16.clone(), v_bf16=kv.v_bf16.clone())
+    page = kv.k_bf16.shape[1]
+    for i, n in enumerate(bf16):
+        if n:
+            p, o = int(seg.bf16_page_table[i, (n - 1) // page]), (n - 1) % page
+            ref_kv.k_bf16[p, o] = rotate_heads(k_new[i][None], r_k)[0].to(torch.bfloat16)
+            ref_kv.v_bf16[p, o] = v_new[i]
+            kv.k_bf16[p, o] = kv.v_bf16[p, o] = float("nan")
+    before = kv.k_bf16.clone()
+    out = int2_decode_attention(q, kv, seg, k_rotation=r_k, v_rotation=r_v, num_splits=3, bf16_splits=3,
+                                block_n=16, bf16_block_n=16, precision="ieee", attend_new=(k_new, v_new))
+    want = rotate_heads(decode_attention_reference(rotate_heads(q, r_k), ref_kv, seg).float(), r_v, transpose=True)
+    assert_close_verbose(out, want, *TOLERANCES["ieee"], what="attend_new")
+    assert torch.equal(kv.k_bf16.isnan(), before.isnan())  # the slot is not written either
+    with pytest.raises(ValueError, match="attend_new and append_k"):
+        int2_decode_attention(q, kv, seg, append_k=k_new, append_v=v_new, attend_new=(k_new, v_new))
+    with pytest.raises(ValueError, match="attend_new v_new"):
+        int2_decode_attention(q, kv, seg, attend_new=(k_new, v_new[:, :1]))
+    with pytest.raises(ValueError, match="pair"):
+        int2_decode_attention(q, kv, seg, attend_new=k_new)
