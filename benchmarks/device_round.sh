@@ -34,7 +34,7 @@ step() {  # step NAME SECONDS CMD...: stdout+stderr to $OUT/NAME.log, exit statu
 STEPS=" ${ROUND_STEPS:-ringtest sweep ncu ncuhead} "
 has() { [[ "$STEPS" == *" $1 "* ]]; }
 # 0. the ring variants the sweep times (half_rows, bulk, the ceiling's checksum) against the register path
-has ringtest && step ring_gpu 60 python3 -m pytest -q tests/gpu/test_decode_cuda_ring_gpu.py tests/gpu/test_side_stream_gpu.py
+has ringtest && step ring_gpu 60 python3 -m pytest -q tests/gpu/test_decode_cuda_ring_gpu.py tests/gpu/test_side_stream_gpu.py tests/gpu/test_rotate_gpu.py
 # 1. correctness on the hardware (~80-130 s)
 has tests && step tests_gpu 220 python3 -m pytest -q tests/gpu --durations=15
 # 2. what the step's new-row write costs, by form: inside the attention launch, separate, on a side stream (~80-130 s)

@@ -31,6 +31,7 @@ from ._validate import (FLOAT_ROWS, check_positive, check_pow2, check_precision,
 from .decode_cuda import COPIES, cuda_unsupported, default_copies, default_cuda_splits, int2_tier_cuda
 from .layout import PagedKV, Segments
 from .reference import rotate_heads
+from .rotate import rotate_qk
 from .side_stream import SideStream
 
 LOG2E = 1.4426950408889634
@@ -192,7 +193,7 @@ def int2_decode_attention(q: torch.Tensor, kv: PagedKV, seg: Segments, *, k_rota
     """One decode query per request over its INT2 + BF16 tokens → o [B, Hq, d] float32.
 
     q [B, Hq, d] is in the rotated K basis unless k_rotation (fp32 [d, d] or [H_kv, d, d]) is given,
-    in which case q·R_K is one torch matmul here.  o is in the rotated V basis unless v_rotation is
+    in which case q·R_K is one Triton launch here (rotate.py).  o is in the rotated V basis unless v_rotation is
     given (then o·R_Vᵀ).  A request with no tokens in either tier gets o = 0.
     precision: the dot operands.  "bf16" (default, as the original dequantises to BF16): q, p·s and
     BF16-tier K/V rounded to 8 bits, the codes exact; "fp16": 11 bits, ~20× smaller error on the
@@ -282,7 +283,7 @@ def int2_decode_attention(q: torch.Tensor, kv: PagedKV, seg: Segments, *, k_rota
     s16 = bf16_splits or default_bf16_splits(b, hkv, num_sms)
     total = s2 + s16
     if k_rotation is not None:
-        q = rotate_heads(q, k_rotation)
+        q = rotate_qk(q, k_rotation, n_kv_heads=hkv)[0]  # one launch (rotate.py)
     qk_scale = (d**-0.5 if sm_scale is None else sm_scale) * LOG2E
     mid_o = torch.empty(b, hq, total, d, dtype=torch.float32, device=q.device)
     mid_lse = torch.empty(b, hq, total, dtype=torch.float32, device=q.device)

@@ -18,7 +18,7 @@ SCRIPT = textwrap.dedent('''
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    from oscar_ray.kernels import decode_attention as da, demote, extend_attention as ea, write
+    from oscar_ray.kernels import decode_attention as da, demote, extend_attention as ea, rotate, write
 
     def check(fn, types, constexprs, num_warps=4, num_stages=2, max_shared=None):
         if fn is da._decode_stage1_kernel:
@@ -42,6 +42,9 @@ SCRIPT = textwrap.dedent('''
     check(write._bf16_write_kernel, dict(xk_ptr=P("bf16"), xv_ptr=P("bf16"), rk_ptr=P("fp32"), rv_ptr=P("fp32"),
           page_ptr=P("i32"), off_ptr=P("i32"), ok_ptr=P("bf16"), ov_ptr=P("bf16")),
           dict(D=128, BR=16, CN=32, ROTATE_K=True, ROTATE_V=False))
+    for hq, hkv, d in ((32, 8, 128), (12, 1, 64)):  # q·R_K (+ k·R_K) ahead of the decode launch
+        check(rotate._rotate_qk_kernel, dict(q_ptr=P("bf16"), k_ptr=P("bf16"), r_ptr=P("fp32"), qo_ptr=P("fp32"),
+              ko_ptr=P("fp32")), dict(HQ=hq, HKV=hkv, D=d, BR=16, CN=32))
     check(write._rotate_rows_kernel, dict(xa_ptr=P("bf16"), xb_ptr=P("bf16"), ra_ptr=P("fp32"), rb_ptr=P("fp32"),
           out_ptr=P("fp32")), dict(H=8, D=128, BR=16, CN=32))
     check(write._int2_write_kernel, dict(xk_ptr=P("fp32"), xv_ptr=P("fp32"), rk_ptr=P("fp32"), rv_ptr=P("fp32"),
