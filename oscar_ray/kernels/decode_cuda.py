@@ -139,6 +139,14 @@ def cuda_unsupported(q: torch.Tensor, kv: PagedKV, geo: KVGeometry, precision: s
 ONE_WAVE_MAX_TOKENS = 8192
 
 
+def resident_ctas(warps: int = 4, num_sms: int = 132) -> int:
+    """CTAs of the INT2-tier kernel resident on the card at once (one wave)."""
+    # 4-warp CTAs per SM: 3 at the register path's 164 registers, 4 at the ring's 125 (37 KB of
+    # shared memory each at pipe 4: 148 KB of 227)
+    per_sm = 4 if DEFAULT_PIPE else 3
+    return per_sm * num_sms * 4 // max(1, warps)
+
+
 def default_cuda_splits(batch: int, n_kv_heads: int, max_len: int | None, warps: int = 4,
                         num_sms: int = 132) -> int:
     """CTAs per (request, KV head): two waves of the resident 4-warp CTAs per SM, rounded down, or one
@@ -148,10 +156,7 @@ def default_cuda_splits(batch: int, n_kv_heads: int, max_len: int | None, warps:
     bs 1 x 16K: 32 (the cap) 19.6, 128 26.2, 8 38.6; bs 1 x 32K at the cap, 64 splits = 1.3 waves:
     30.5 µs (the Triton tier: 26.8), hence the rounding to 49 (one wave; not re-timed yet)."""
     units = max(1, batch * n_kv_heads)
-    # resident 4-warp CTAs per SM: 3 at the register path's 164 registers, 4 at the ring's 125
-    # (37 KB of shared memory each at pipe 4: 148 KB of 227)
-    per_sm = 4 if DEFAULT_PIPE else 3
-    slots = per_sm * num_sms * 4 // max(1, warps)
+    slots = resident_ctas(warps, num_sms)
     splits = 2 * slots // units
     if max_len is not None and slots >= units and max_len / (slots // units) <= ONE_WAVE_MAX_TOKENS:
         splits = slots // units  # one wave: no second wave's prologue, epilogue and ragged tail

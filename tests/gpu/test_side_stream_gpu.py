@@ -74,7 +74,7 @@ def test_overlapped_tiers_equal_the_tiers_in_series_cuda(seed, append):
     after_serial = [t.clone() for t in pages]
     for t, b in zip(pages, base):
         t.copy_(b)
-    overlapped = int2_decode_attention(q, kv, seg, **extra)
+    overlapped = int2_decode_attention(q, kv, seg, overlap_tiers=True, **extra)  # "auto": two waves here, serial
     assert torch.equal(overlapped, serial)
     for a, b in zip(pages, after_serial):
         assert torch.equal(a, b)
@@ -82,7 +82,7 @@ def test_overlapped_tiers_equal_the_tiers_in_series_cuda(seed, append):
         t.copy_(b)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        static = int2_decode_attention(q, kv, seg, **extra)
+        static = int2_decode_attention(q, kv, seg, overlap_tiers=True, **extra)
     for t, b in zip(pages, base):
         t.copy_(b)
     graph.replay()

@@ -52,6 +52,9 @@ class OscarForwardMetadata:
     # extend: (INT2, BF16, chunk) tokens per request on the host, read once per forward so the
     # extend launcher's gather path does not sync in every layer
     host_lengths: list[tuple[int, int, int]] | None = None
+    # decode: the longest request on the host, the split rule's length hint (an upper bound of
+    # its INT2 tokens; without it the CUDA tier always runs two waves, decode_cuda.default_cuda_splits)
+    max_len: int | None = None
 
 
 def _host_max(values, fallback: torch.Tensor) -> int:
@@ -114,7 +117,7 @@ class OscarAttnBackend(AttentionBackend):
                                pool.slot_owner, pool.ring_tag)
             seg = build_segments(pool.arena, self.req_to_token, fb.req_pool_indices, fb.seq_lens,
                                  pool.slot_owner, pool.ring_tag, max_pages)
-            self.forward_metadata = OscarForwardMetadata(plan, seg, None, 1)
+            self.forward_metadata = OscarForwardMetadata(plan, seg, None, 1, max_len=max_len)
             return
         if not mode.is_extend():
             raise NotImplementedError(f"forward mode {mode} is not supported with the OSCAR backend")
@@ -184,7 +187,8 @@ class OscarAttnBackend(AttentionBackend):
         hq, hkv, d = layer.tp_q_head_num, layer.tp_k_head_num, layer.qk_head_dim
         r_k, r_v = self._rotations(layer)
         plan = self.forward_metadata.plan
-        attend = dict(k_rotation=r_k, v_rotation=r_v, sm_scale=layer.scaling)
+        attend = dict(k_rotation=r_k, v_rotation=r_v, sm_scale=layer.scaling,
+                      max_int2_len=self.forward_metadata.max_len)
         k3, v3 = k.reshape(-1, hkv, d), v.reshape(-1, hkv, d)
         form = DEFAULT_DECODE_WRITE if self.decode_write == "auto" else self.decode_write
         if form not in DECODE_WRITE_FORMS:

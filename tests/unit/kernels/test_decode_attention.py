@@ -282,3 +282,5 @@ def test_attend_new_scores_the_rows_and_leaves_the_slot_unread(seed, rotate):
         int2_decode_attention(q, kv, seg, attend_new=(k_new, v_new[:, :1]))
     with pytest.raises(ValueError, match="pair"):
         int2_decode_attention(q, kv, seg, attend_new=k_new)
+    with pytest.raises(ValueError, match="overlap_tiers must be"):
+        int2_decode_attention(q, kv, seg, overlap_tiers="yes")
