@@ -141,7 +141,7 @@ def bench_decode(batch: int, ctx: int, args, device: str) -> list[str] | None:
                                                   num_warps=args.num_warps, num_stages=args.num_stages,
                                                   precision=args.precision, max_registers=args.max_registers,
                                                   int2_kernel=args.int2_kernel, cuda_copies=args.cuda_copies,
-                                                  overlap_tiers=not args.serial_tiers, **extra)
+                                                  overlap_tiers=args.overlap_tiers, **extra)
                 for c in caches]
 
     t_ours = time_calls(ours, ours_bytes, args)
@@ -359,8 +359,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="decode_cuda.DEFAULT_PIPE for the CUDA INT2 tier (0: register prefetch; 3-6: cp.async ring)")
     p.add_argument("--cuda-copies", default="auto", choices=["auto", "lane", "half_rows", "bulk"],
                    help="the CUDA ring's refill (int2_decode_attention's cuda_copies; bulk: --page-layout head)")
-    p.add_argument("--serial-tiers", action="store_true",
+    p.add_argument("--serial-tiers", dest="overlap_tiers", action="store_const", const=False, default="auto",
                    help="the BF16 tier's launch after the CUDA INT2 tier, not beside it (overlap_tiers=False)")
+    p.add_argument("--overlap-tiers", dest="overlap_tiers", action="store_const", const=True,
+                   help="beside it at every shape (overlap_tiers=True; default: 'auto', one-wave launches only)")
     p.add_argument("--peak-gbs", type=float, default=4600.0, help="HBM bandwidth for the %% column (H200)")
     args = p.parse_args(argv)
     if args.cuda_pipe is not None:  # default_cuda_splits reads it too (4 resident CTAs per SM with the ring)
