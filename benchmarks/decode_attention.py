@@ -393,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
         f"- torch {torch.__version__}, triton {triton.__version__}, commit {_commit()},"
         f" python {sys.version.split()[0]}",
         f"- geometry: {HQ} q heads, {HKV} KV heads, d {D}, page {PAGE}; BF16 sink {SINK} + recent {RECENT} tokens,"
-        f" INT2 rest ({args.key_bits}-bit keys, {args.page_layout}-major pages); scales {str(args.scale_dtype).split('.')[-1]}; decode precision {args.precision}, INT2 tier kernel {args.int2_kernel} (CUDA pipe {decode_cuda.DEFAULT_PIPE}, copies {args.cuda_copies}),"
+        f" INT2 rest ({args.key_bits}-bit keys, {args.page_layout}-major pages); scales {str(args.scale_dtype).split('.')[-1]}; decode precision {args.precision}, INT2 tier kernel {args.int2_kernel} (CUDA pipe {decode_cuda.DEFAULT_PIPE}, copies {args.cuda_copies}, tiers overlapped: {args.overlap_tiers}),"
         f" block_n {args.block_n or 'default_block_n'}, warps {args.num_warps} (writes {args.write_warps or 'launcher default'}),"
         f" stages {args.num_stages},"
         f" maxnreg {'launcher default' if args.max_registers is None else args.max_registers or 'ptxas'}",
