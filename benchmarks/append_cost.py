@@ -9,12 +9,13 @@ graphs over input copies that miss L2, medians), in these forms:
   ring         the torch engine's fused ring write: already rotated rows stored BF16
   rot+bf16     rows rotated by R_K in the launch, stored BF16 (no INT2 copy)
   sglang       + the INT2 copy by the two writer programs, K clipped at 0.96: the "launch" form
-  separate     int2_write_kv + bf16_write_kv launches, then the rot launch (the unfused step)
+  separate     int2_write_kv with its bf16_copy (the pool's oscar_write: both copies, two launches at
+               these row counts), then the rot launch (until 2026-12-08: int2_write_kv + bf16_write_kv)
   bf16 side    bf16_write_kv, then the rot launch, with int2_write_kv on a second stream beside them
                (kernels/side_stream.py), joined at the call's end (the backend's "side" form until
                2026-12-08; named "side sep" in the raw file of 2026-12-07, whose "side" was rot+bf16
                with int2_write_kv on the second stream)
-  side         both write launches on the second stream, the rot launch attending the new token from
+  side         oscar_write's launches on the second stream, the rot launch attending the new token from
                its rows (attend_new, kernels/_merge.py): the sglang backend's decode step ("side"),
                which joins at the next forward (more overlap than here)
   rot serial   rot with the BF16 tier's launch after the CUDA INT2 tier (overlap_tiers=False; the
@@ -75,28 +76,24 @@ def bench(batch: int, ctx: int, args, device: str) -> list[str]:
         if form.endswith("serial"):
             extra.update(overlap_tiers=False)
 
-        def int2(c):
+        def int2(c, both=False):  # both: the BF16 copy in the same launch (the sglang pool's oscar_write)
             int2_write_kv(new_k, new_v, r_k, None, 0.96, 0.0, *int2_slot, c[0].k_codes, c[0].k_scales,
-                          c[0].v_codes, c[0].v_scales)
-
-        def bf16(c):
-            bf16_write_kv(new_k, new_v, r_k, None, p16, o16, c[0].k_bf16, c[0].v_bf16)
+                          c[0].v_codes, c[0].v_scales, bf16_copy=(p16, o16, c[0].k_bf16, c[0].v_bf16) if both else None)
 
         def call(c):
             if form == "side":
-                side.run(lambda: (int2(c), bf16(c)))
+                side.run(lambda: int2(c, both=True))
             elif form == "bf16 side":
                 side.run(lambda: int2(c))
+                bf16_write_kv(new_k, new_v, r_k, None, p16, o16, c[0].k_bf16, c[0].v_bf16)
             elif form == "separate":
-                int2(c)
-            if form in ("separate", "bf16 side"):
-                bf16(c)
+                int2(c, both=True)
             out = int2_decode_attention(q, c[0], c[1], max_int2_len=n2, **extra)
             side.join()
             return out
         return [lambda c=c: call(c) for c in caches]
 
-    times = [time_calls(lambda copies, f=f: forms(copies, f), nbytes, args) for f in FORMS]
+    times = [time_calls(lambda copies, f=f: forms(copies, f), nbytes, args) for f in args.forms]
     base = times[0][1]
     return [str(batch), str(ctx)] + [f"{_fmt(t)} ({t[1] - base:+.1f})" if i else _fmt(t) for i, t in enumerate(times)]
 
@@ -126,7 +123,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--context", type=int, default=16384)
     p.add_argument("--replays", type=int, default=20)
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--forms", nargs="+", choices=FORMS, default=FORMS,
+                   help="forms to time (rot, the baseline of the differences, is always timed first)")
     args = p.parse_args(argv)
+    args.forms = ["rot"] + [f for f in args.forms if f != "rot"]
     device = "cpu" if args.smoke else "cuda"
     if args.smoke:
         args.batches, args.context, args.repeats = [2], SINK + RECENT + 64, 2
@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     card = "cpu (interpreter)" if args.smoke else torch.cuda.get_device_name()
     lines = [f"# Decode append cost, {card}, {datetime.date.today()}, commit {_commit()}", "",
              "µs per launch, median (p20–p80), in parentheses the difference to `rot`.", "",
-             *_table(["batch", "context", *[f"{f} µs" for f in FORMS]], rows), "", *registers(), ""]
+             *_table(["batch", "context", *[f"{f} µs" for f in args.forms]], rows), "", *registers(), ""]
     text = "\n".join(lines)
     print(text)
     with open(args.out, "w") as f:

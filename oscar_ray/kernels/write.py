@@ -62,23 +62,40 @@ def _int2_rows(x_ptr, r_ptr, n, rmask, h, sxn, sxh, srh, code_rows, scale_rows, 
 @triton.jit
 def _int2_write_kernel(xk_ptr, xv_ptr, rk_ptr, rv_ptr, page_ptr, off_ptr, kc_ptr, ks_ptr, vc_ptr, vs_ptr, n_tokens,
                        sxkn, sxkh, sxvn, sxvh, srkh, srvh, skcp, skco, skch, svcp, svco, svch, ssp, sso, ssh,
+                       bp_ptr, bo_ptr, bk_ptr, bv_ptr, sbp, sbo, sbh,
                        D: tl.constexpr, GS: tl.constexpr, BR: tl.constexpr, KC: tl.constexpr,
                        ROTATE_K: tl.constexpr, CLIP_K: tl.constexpr, CLIP_IDX_K: tl.constexpr, BITS_K: tl.constexpr,
                        ROTATE_V: tl.constexpr, CLIP_V: tl.constexpr, CLIP_IDX_V: tl.constexpr,
-                       SCALE_FP16: tl.constexpr):
-    # grid axis 2: K (0) and V (1) of the same tokens in one launch; V is always INT2 (2 bits)
+                       SCALE_FP16: tl.constexpr, BF16_OUT: tl.constexpr = False):
+    # grid axis 2: K (0) and V (1) of the same tokens in one launch; V is always INT2 (2 bits).
+    # BF16_OUT: also store the rotated, unclipped rows rounded to bf16 into BF16 slots (bp, bo): the
+    # bits bf16_write_kv stores (the same rotation dot), one launch fewer per step
     h = tl.program_id(1)
     n = tl.program_id(0) * BR + tl.arange(0, BR)
     rmask = n < n_tokens
     page = tl.load(page_ptr + n, mask=rmask, other=0).to(tl.int64)
     off = tl.load(off_ptr + n, mask=rmask, other=0)
     scale_off = page * ssp + off * sso + h * ssh
+    if BF16_OUT:
+        bslot = (tl.load(bp_ptr + n, mask=rmask, other=0).to(tl.int64) * sbp
+                 + tl.load(bo_ptr + n, mask=rmask, other=0) * sbo + h * sbh)
+    cols = tl.arange(0, D)
     if tl.program_id(2) == 0:
-        _int2_rows(xk_ptr, rk_ptr, n, rmask, h, sxkn, sxkh, srkh, kc_ptr + page * skcp + off * skco + h * skch,
-                   ks_ptr + scale_off, D, GS, BR, ROTATE_K, KC, CLIP_K, CLIP_IDX_K, SCALE_FP16, BITS_K)
+        x = _load_rotated_rows(xk_ptr, rk_ptr, n, rmask, h, sxkn, sxkh, srkh, D, ROTATE_K, KC)
+        if BF16_OUT:
+            tl.store(bk_ptr + bslot[:, None] + cols[None, :], _round_bf16(x), mask=rmask[:, None])
+        if CLIP_K:
+            x = _clip_rows(x, CLIP_IDX_K)
+        _quantize_pack_store(x, rmask, kc_ptr + page * skcp + off * skco + h * skch, ks_ptr + scale_off,
+                             BR, D, GS, SCALE_FP16, BITS_K)
     else:
-        _int2_rows(xv_ptr, rv_ptr, n, rmask, h, sxvn, sxvh, srvh, vc_ptr + page * svcp + off * svco + h * svch,
-                   vs_ptr + scale_off, D, GS, BR, ROTATE_V, KC, CLIP_V, CLIP_IDX_V, SCALE_FP16, 2)
+        x = _load_rotated_rows(xv_ptr, rv_ptr, n, rmask, h, sxvn, sxvh, srvh, D, ROTATE_V, KC)
+        if BF16_OUT:
+            tl.store(bv_ptr + bslot[:, None] + cols[None, :], _round_bf16(x), mask=rmask[:, None])
+        if CLIP_V:
+            x = _clip_rows(x, CLIP_IDX_V)
+        _quantize_pack_store(x, rmask, vc_ptr + page * svcp + off * svco + h * svch, vs_ptr + scale_off,
+                             BR, D, GS, SCALE_FP16, 2)
 
 
 @triton.jit
@@ -189,14 +206,18 @@ def int2_write_kv(k: torch.Tensor, v: torch.Tensor | None, k_rotation: torch.Ten
                   v_rotation: torch.Tensor | None, k_clip: float, v_clip: float, page_ids: torch.Tensor,
                   offsets: torch.Tensor, k_codes: torch.Tensor, k_scales: torch.Tensor, v_codes: torch.Tensor | None,
                   v_scales: torch.Tensor | None, group_size: int | None = None, block_rows: int = 16,
-                  num_warps: int | None = None, key_bits: int = 2, two_pass: bool | None = None) -> None:
+                  num_warps: int | None = None, key_bits: int = 2, two_pass: bool | None = None,
+                  bf16_copy: tuple | None = None) -> None:
     """int2_write of K (key_bits 2 or 3) and V (2 bits) rows into the same slots, one launch.
 
     v, v_codes, v_scales None writes K only.  V's scales must have K's dtype and layout.
     two_pass: rotate in a first launch split over column programs (fp32 scratch [sides, N, H_kv, d])
     and clip/quantise/pack in a second; None picks it for N <= TWO_PASS_MAX_ROWS when a rotation is
     given (a decode step's few rows, where the one-launch form waits on d/16 serial rotation slices).
-    Same codes either way.  num_warps None: 8 for the two-pass form, 4 for one launch (H200, bs 1:
+    Same codes either way.  bf16_copy = (page_ids, offsets, k_pages, v_pages): the same launch also
+    stores the rows as bf16_write_kv(k, v, k_rotation, v_rotation, ...) would (same bits; v_pages
+    None iff v is None), the sglang pool's dual write in one launch (two with two_pass) instead of
+    two (three).  num_warps None: 8 for the two-pass form, 4 for one launch (H200, bs 1:
     two-pass 8.3 µs at 4 warps, 6.9 at 8, 6.6 at 16; one launch 11.2 at 4, 13.2 at 8).
     Example: int2_write_kv(k, v, R_K, None, 0.96, 0.0, pages, offs, kc, ks, vc, vs)   # V absorbed
     """
@@ -216,6 +237,7 @@ def int2_write_kv(k: torch.Tensor, v: torch.Tensor | None, k_rotation: torch.Ten
         rv = check_rotation("v_rotation", v_rotation, d, h, k.device)
         clip_v, idx_v = _clip_args(v_clip, d, "v_clip")
     check_pow2("block_rows", block_rows, minimum=16)
+    bf16 = _check_bf16_copy(bf16_copy, n, h, d, v is not None, k.device)
     if n == 0:
         return
     if two_pass is None:
@@ -233,9 +255,29 @@ def int2_write_kv(k: torch.Tensor, v: torch.Tensor | None, k_rotation: torch.Ten
         k.stride(0), k.stride(1), vx.stride(0), vx.stride(1),
         0 if rk is None or rk.ndim == 2 else d * d, 0 if rv is None or rv.ndim == 2 else d * d,
         *k_codes.stride()[:3], *vc.stride()[:3], *k_scales.stride()[:3],
+        *(bf16 or (page_ids, offsets, k, k)), *(bf16[2].stride()[:3] if bf16 else (0, 0, 0)),
         D=d, GS=gs, BR=block_rows, KC=_rotation_chunk(d), ROTATE_K=rk is not None, CLIP_K=clip_k, CLIP_IDX_K=idx_k,
         BITS_K=key_bits, ROTATE_V=rv is not None, CLIP_V=clip_v, CLIP_IDX_V=idx_v,
-        SCALE_FP16=k_scales.dtype == torch.float16, num_warps=num_warps)
+        SCALE_FP16=k_scales.dtype == torch.float16, BF16_OUT=bf16 is not None, num_warps=num_warps)
+
+
+def _check_bf16_copy(bf16_copy, n: int, h: int, d: int, has_v: bool, device) -> tuple | None:
+    """int2_write_kv's bf16_copy checked as bf16_write_kv checks its slots and pages."""
+    if bf16_copy is None:
+        return None
+    if not (isinstance(bf16_copy, (tuple, list)) and len(bf16_copy) == 4):
+        raise ValueError("bf16_copy must be (page_ids, offsets, k_pages, v_pages)")
+    pages, offs, kp, vp = bf16_copy
+    check_tensor("bf16_copy page_ids", pages, (torch.int32,), shape=(n,), device=device)
+    check_tensor("bf16_copy offsets", offs, (torch.int32,), shape=(n,), device=device)
+    check_tensor("bf16_copy k_pages", kp, (torch.bfloat16,), shape=(None, None, h, d), device=device)
+    if (vp is None) == has_v:
+        raise ValueError("bf16_copy v_pages: give it exactly when v is given")
+    if vp is not None:
+        check_tensor("bf16_copy v_pages", vp, (torch.bfloat16,), shape=kp.shape, device=device)
+        if vp.stride() != kp.stride():
+            raise ValueError("bf16_copy v_pages must have k_pages' strides")
+    return pages, offs, kp, kp if vp is None else vp
 
 
 # Rows up to which int2_write_kv rotates in a launch of its own (two_pass None).  A decode step's

@@ -9,14 +9,14 @@ post-RoPE q [T, h_q·d], k / v [T, h_kv, d].  Registered as "oscar" in
 Per forward, `init_forward_metadata` plans the writes of the batch's new tokens and updates the
 pool's ownership tags once (tables.plan_writes), then builds the kernels' page tables
 (tables.build_segments): decode over each request's whole cache, extend over its cached prefix.
-Per layer: in extend, write (int2_write into every token's slot, bf16_write into the windows),
+Per layer: in extend, write (pool.oscar_write: INT2 into every token's slot, BF16 into the windows),
 then int2_extend_attention (the chunk itself at full precision, causally); in decode,
 int2_decode_attention (q·R_K inside).  The step's token is written in one of three forms
-(backend.decode_write): "side" (the default), both copies (int2_write_kv, bf16_write_kv) on a second
-stream beside the attention (kernels/side_stream.py, joined at the next forward's start), which
+(backend.decode_write): "side" (the default), both copies (pool.oscar_write: int2_write_kv with its
+bf16_copy) on a second stream beside the attention (kernels/side_stream.py, joined at the next forward's start), which
 attends the token from its rows and leaves its window slot unread (attend_new, kernels/_merge.py);
 "launch", both copies stored by the attention launch itself (append_k / append_v, rotate_append,
-append_int2: kernels/_append.py); "separate", int2_write_kv + bf16_write_kv before the attention.
+append_int2: kernels/_append.py); "separate", pool.oscar_write before the attention.
 "side" and "launch" need the step's token to be its request's last BF16-tier token, which holds
 when the recent window has a page (the tail page is then always in it); with recent_tokens 0 a
 full tail page is INT2 history and both fall back to "separate".  V is in the R_V basis throughout when absorbed (the default), so no

@@ -29,7 +29,7 @@ import torch
 from sglang.srt.constants import GPU_MEMORY_TYPE_KV_CACHE
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 
-from oscar_ray.kernels import PagedKV, bf16_write_kv, int2_write_kv
+from oscar_ray.kernels import PagedKV, int2_write_kv
 from oscar_ray.kernels.layout import int2_zeros
 
 from .settings import SCALE_BYTES, OscarSettings
@@ -145,27 +145,18 @@ class OscarMHATokenToKVPool(MHATokenToKVPool):
     # --- writes ------------------------------------------------------------------------------
     def oscar_write(self, layer_id: int, k: torch.Tensor, v: torch.Tensor, plan: WritePlan) -> None:
         """Store new K/V rows [N, h, d] (post-RoPE K; V in the R_V basis when absorbed) of one layer:
-        INT2 codes into every token's slot, rotated BF16 copies into the windows' arena pages (the
-        extend path's write, and a decode batch's with the "separate" form, backend.py)."""
-        self.write_int2(layer_id, k, v, plan)
-        self.write_bf16(layer_id, k, v, plan)
+        INT2 codes into every token's slot, rotated BF16 copies into the windows' arena pages (others
+        to the scratch page), both by one int2_write_kv launch (two at a decode step's few rows,
+        write.py's two-pass form) instead of int2_write_kv + bf16_write_kv."""
+        local, r_k, r_v_write, k_clip, v_clip = self._write_args(layer_id)  # absorbed: v already is v·R_V
+        int2_write_kv(k, v, r_k, r_v_write, k_clip, v_clip, plan.int2_page, plan.int2_off,
+                      self.k_codes[local], self.k_scales[local], self.v_codes[local], self.v_scales[local],
+                      self.geometry.group_size, key_bits=self.geometry.key_bits,
+                      bf16_copy=(plan.bf16_page, plan.bf16_off, self.k_bf16[local], self.v_bf16[local]))
 
     def _write_args(self, layer_id: int):
         r_k, r_v, k_clip, v_clip = self.rotations.layer(layer_id)
         return layer_id - self.start_layer, r_k, (None if self.oscar.settings.absorb_v else r_v), k_clip, v_clip
-
-    def write_int2(self, layer_id: int, k: torch.Tensor, v: torch.Tensor, plan: WritePlan) -> None:
-        """The INT2 copy alone: rotated, clipped, quantised and packed into each token's slot."""
-        local, r_k, r_v_write, k_clip, v_clip = self._write_args(layer_id)  # absorbed: v already is v·R_V
-        # K and V together in each call; four single-tensor calls cost ~44 µs (decode_h200.md, writes)
-        int2_write_kv(k, v, r_k, r_v_write, k_clip, v_clip, plan.int2_page, plan.int2_off,
-                      self.k_codes[local], self.k_scales[local], self.v_codes[local], self.v_scales[local],
-                      self.geometry.group_size, key_bits=self.geometry.key_bits)
-
-    def write_bf16(self, layer_id: int, k: torch.Tensor, v: torch.Tensor, plan: WritePlan) -> None:
-        """The BF16 copy alone: rotated rows into the windows' arena pages (others to the scratch page)."""
-        local, r_k, r_v_write, _, _ = self._write_args(layer_id)
-        bf16_write_kv(k, v, r_k, r_v_write, plan.bf16_page, plan.bf16_off, self.k_bf16[local], self.v_bf16[local])
 
     def set_kv_buffer(self, layer, loc_info, cache_k, cache_v, *args, **kwargs):
         # Writing needs token positions and request slots, which this signature lacks; the OSCAR

@@ -33,12 +33,14 @@ SCRIPT = textwrap.dedent('''
         print(fn.__name__, {k: v for k, v in constexprs.items() if k in ("PRECISION", "GS", "INT2")}, shared)
 
     P = lambda t: "*" + t
+    # int2_write_kv's bf16_copy slots and pages (BF16_OUT; unused pointers when it is off)
+    copy_ptrs = dict(bp_ptr=P("i32"), bo_ptr=P("i32"), bk_ptr=P("bf16"), bv_ptr=P("bf16"))
     for fp16, gs, bits in ((True, 128, 2), (False, 64, 2), (True, 128, 3)):
         check(write._int2_write_kernel, dict(xk_ptr=P("bf16"), xv_ptr=P("bf16"), rk_ptr=P("fp32"), rv_ptr=P("fp32"),
               page_ptr=P("i32"), off_ptr=P("i32"), kc_ptr=P("u8"), ks_ptr=P("fp16" if fp16 else "fp32"),
-              vc_ptr=P("u8"), vs_ptr=P("fp16" if fp16 else "fp32")),
+              vc_ptr=P("u8"), vs_ptr=P("fp16" if fp16 else "fp32"), **copy_ptrs),
               dict(D=128, GS=gs, BR=16, KC=16, ROTATE_K=True, CLIP_K=True, CLIP_IDX_K=122, BITS_K=bits,
-                   ROTATE_V=False, CLIP_V=False, CLIP_IDX_V=127, SCALE_FP16=fp16))
+                   ROTATE_V=False, CLIP_V=False, CLIP_IDX_V=127, SCALE_FP16=fp16, BF16_OUT=bits == 2))
     check(write._bf16_write_kernel, dict(xk_ptr=P("bf16"), xv_ptr=P("bf16"), rk_ptr=P("fp32"), rv_ptr=P("fp32"),
           page_ptr=P("i32"), off_ptr=P("i32"), ok_ptr=P("bf16"), ov_ptr=P("bf16")),
           dict(D=128, BR=16, CN=32, ROTATE_K=True, ROTATE_V=False))
@@ -48,9 +50,9 @@ SCRIPT = textwrap.dedent('''
     check(write._rotate_rows_kernel, dict(xa_ptr=P("bf16"), xb_ptr=P("bf16"), ra_ptr=P("fp32"), rb_ptr=P("fp32"),
           out_ptr=P("fp32")), dict(H=8, D=128, BR=16, CN=32))
     check(write._int2_write_kernel, dict(xk_ptr=P("fp32"), xv_ptr=P("fp32"), rk_ptr=P("fp32"), rv_ptr=P("fp32"),
-          page_ptr=P("i32"), off_ptr=P("i32"), kc_ptr=P("u8"), ks_ptr=P("fp16"), vc_ptr=P("u8"), vs_ptr=P("fp16")),
-          dict(D=128, GS=128, BR=16, KC=16, ROTATE_K=False, CLIP_K=True, CLIP_IDX_K=122, BITS_K=2,
-               ROTATE_V=False, CLIP_V=False, CLIP_IDX_V=127, SCALE_FP16=True))  # second pass of two_pass
+          page_ptr=P("i32"), off_ptr=P("i32"), kc_ptr=P("u8"), ks_ptr=P("fp16"), vc_ptr=P("u8"), vs_ptr=P("fp16"),
+          **copy_ptrs), dict(D=128, GS=128, BR=16, KC=16, ROTATE_K=False, CLIP_K=True, CLIP_IDX_K=122, BITS_K=2,
+               ROTATE_V=False, CLIP_V=False, CLIP_IDX_V=127, SCALE_FP16=True, BF16_OUT=True))  # two_pass's 2nd
     for bits, clip_v in ((2, False), (3, True)):  # CLIP_IDX 122 walks down from the max, 60 bisects
         check(demote._demote_pages_kernel, dict(sk_ptr=P("bf16"), sv_ptr=P("bf16"), src_ids_ptr=P("i32"),
               dst_ids_ptr=P("i32"), kc_ptr=P("u8"), ks_ptr=P("fp32"), vc_ptr=P("u8"), vs_ptr=P("fp32")),

@@ -282,3 +282,50 @@ def test_head_major_pages_write_and_demote(seed, two_pass):
     for pages, c, sc, clip in ((kp, kc, ks, 0.96), (vp, vc, vs, 0.0)):
         _check_written(c, sc, flat, *int2_write_reference(pages[src.long()].flatten(0, 1), None, clip, None,
                                                           torch.float16))
+
+
+@pytest.mark.parametrize("two_pass, per_head, with_v, scale_dtype", [
+    (True, True, True, torch.float16), (False, False, True, torch.float32), (True, False, False, torch.float16),
+    (None, None, True, torch.float16)])
+def test_int2_write_kv_bf16_copy_equals_bf16_write_kv(seed, two_pass, per_head, with_v, scale_dtype):
+    # bf16_copy: the INT2 launch also stores the rotated rows BF16, bit-equal to bf16_write_kv
+    # (per_head None: no rotation at all); the INT2 pages equal the write without it
+    from oscar_ray.kernels import bf16_write_kv
+
+    gen = torch.Generator().manual_seed(seed)
+    n, h, d, page = 5, 2, 64, 8
+    rot = None if per_head is None else torch.linalg.qr(torch.randn(*((h, d, d) if per_head else (d, d)),
+                                                                     dtype=torch.float64, generator=gen))[0].float()
+    k = torch.randn(n, h, d, generator=gen).to(torch.bfloat16)
+    v = torch.randn(n, h, d, generator=gen).to(torch.bfloat16) if with_v else None
+    slots = torch.randperm(6 * page, generator=gen)[:n].int()
+    pages, offs = slots // page, slots % page
+    b_slots = torch.randperm(4 * page, generator=gen)[:n].int()
+    b_pages, b_offs = b_slots // page, b_slots % page
+
+    def int2_pages():
+        return [torch.zeros(6, page, h, d // 4, dtype=torch.uint8), torch.zeros(6, page, h, 2, dtype=scale_dtype)]
+
+    kc, ks = int2_pages()
+    vc, vs = int2_pages() if with_v else (None, None)
+    kb = torch.full((4, page, h, d), 7.0, dtype=torch.bfloat16)
+    vb = kb.clone() if with_v else None
+    int2_write_kv(k, v, rot, rot if with_v else None, 0.9, 0.0, pages, offs, kc, ks, vc, vs, two_pass=two_pass,
+                  bf16_copy=(b_pages, b_offs, kb, vb))
+    want = [t.clone() if t is not None else None for t in (kc, ks, vc, vs)]
+    for t in want:
+        if t is not None:
+            t.zero_()
+    int2_write_kv(k, v, rot, rot if with_v else None, 0.9, 0.0, pages, offs, *want, two_pass=two_pass)
+    for got, exp in zip((kc, ks, vc, vs), want):
+        assert got is None or torch.equal(got, exp)
+    wkb = torch.full_like(kb, 7.0)
+    wvb = torch.full_like(kb, 7.0) if with_v else None
+    bf16_write_kv(k, v, rot, rot if with_v else None, b_pages, b_offs, wkb, wvb)
+    assert torch.equal(kb, wkb) and (vb is None or torch.equal(vb, wvb))
+    assert not torch.equal(kb, torch.full_like(kb, 7.0))  # written
+    with pytest.raises(ValueError, match="bf16_copy v_pages"):
+        int2_write_kv(k, v, rot, None, 0.9, 0.0, pages, offs, kc, ks, vc, vs,
+                      bf16_copy=(b_pages, b_offs, kb, None if with_v else kb))
+    with pytest.raises(ValueError, match="bf16_copy offsets"):
+        int2_write_kv(k, v, rot, None, 0.9, 0.0, pages, offs, kc, ks, vc, vs, bf16_copy=(b_pages, b_offs[:2], kb, vb))
