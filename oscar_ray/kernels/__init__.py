@@ -6,7 +6,8 @@ from .demote import demote_pages, demote_pages_kv
 from .extend_attention import int2_extend_attention
 from .layout import KVGeometry, PagedKV, Segments
 from .rotate import rotate_qk
-from .write import bf16_write, bf16_write_kv, int2_write, int2_write_kv
+from .write import int2_write, int2_write_kv
+from .write_bf16 import bf16_write, bf16_write_kv
 
 patch_interpreter()  # CPU interpreter only; see _interpreter.py
 

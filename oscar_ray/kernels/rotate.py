@@ -4,7 +4,7 @@ int2_decode_attention rotates q into the cache's K basis before reading it.  As 
 a cast and a matmul (rotate_heads): 5.9 / 9.0 / 3.5 µs at bs 1 / 8 / 32 on an H100 (2026-12-07,
 benchmarks/results/raw, the decode table's "same launch with R_K" against the launch without),
 more than the 14 µs step's whole write.  Here each program computes CN output columns of BR rows of
-one head (write.py's _rotated_cols: one fp32 "ieee" tl.dot, the write kernels' arithmetic), query
+one head (write_bf16.py's _rotated_cols: one fp32 "ieee" tl.dot, the write kernels' arithmetic), query
 head h reading R[h // g] (contiguous GQA grouping), key head h R[h]; any float input dtype, fp32 out.
 """
 
@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from ._validate import FLOAT_ROWS, check_rotation, check_tensor
-from .write import _rotated_cols, _rotation_cols
+from .write_bf16 import _rotated_cols, _rotation_cols
 
 
 @triton.jit

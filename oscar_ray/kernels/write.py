@@ -1,8 +1,8 @@
 """Write path kernels: fused rotate → clip → INT2 quantise → pack into pages; BF16 rows; page demotion.
 
-int2_write   new rows x [N, H_kv, d] (not yet rotated) → INT2 slots (page id, offset) of codes + scales
-bf16_write   new rows x [N, H_kv, d] → rotated bf16 rows in BF16 page slots (sink / recent ring)
-int2_write_kv / bf16_write_kv  the same for the K and V rows of a step in one launch
+int2_write     new rows x [N, H_kv, d] (not yet rotated) → INT2 slots (page id, offset) of codes + scales
+int2_write_kv  the same for the K and V rows of a step in one launch, optionally with their BF16
+               copies (bf16_copy); the BF16 writes alone are in write_bf16.py
 
 Codes and scales equal quant/int2.py's bit for bit (see _quant_tiles.py); the rotation is one fp32
 tl.dot with input_precision "ieee", so it agrees with torch's x·R to fp32 rounding (exactly when the
@@ -22,6 +22,7 @@ from oscar_ray.quant.int2 import check_bits
 
 from ._quant_tiles import _clip_rows, _quantize_pack_store, _round_bf16
 from ._validate import FLOAT_ROWS, SCALE_DTYPES, check_pow2, check_rotation, check_tensor, code_bytes, group_count
+from .write_bf16 import _check_rows_and_slots, _column_program, _rotated_cols, _rotation_cols
 
 
 @triton.jit
@@ -99,34 +100,6 @@ def _int2_write_kernel(xk_ptr, xv_ptr, rk_ptr, rv_ptr, page_ptr, off_ptr, kc_ptr
 
 
 @triton.jit
-def _rotated_cols(x_ptr, r_ptr, n, rmask, h, c0, sxn, sxh, srh, dst, D: tl.constexpr, CN: tl.constexpr,
-                  ROTATE: tl.constexpr, BF16: tl.constexpr):
-    """Columns c0 … c0+CN of x·R[h] (bf16-rounded when BF16, else fp32) for BR tokens n of KV head h,
-    stored at dst [BR] + col."""
-    cols = c0 + tl.arange(0, CN)
-    rows = x_ptr + n.to(tl.int64)[:, None] * sxn + h * sxh
-    if ROTATE:
-        x = tl.load(rows + tl.arange(0, D)[None, :], mask=rmask[:, None], other=0.0).to(tl.float32)
-        r = tl.load(r_ptr + h * srh + tl.arange(0, D)[:, None] * D + cols[None, :])
-        y = tl.dot(x, r, input_precision="ieee")  # [BR, D]·[D, CN]: ascending-k FMA chains, as sliced
-    else:
-        y = tl.load(rows + cols[None, :], mask=rmask[:, None], other=0.0).to(tl.float32)
-    if BF16:
-        tl.store(dst[:, None] + cols[None, :], _round_bf16(y), mask=rmask[:, None])
-    else:
-        tl.store(dst[:, None] + cols[None, :], y, mask=rmask[:, None])
-
-
-@triton.jit
-def _column_program(n_tokens, D: tl.constexpr, BR: tl.constexpr, CN: tl.constexpr):
-    """(KV head, token rows [BR], row mask, side, first column) of a program whose grid axis 2 is
-    side × D/CN column slices."""
-    n = tl.program_id(0) * BR + tl.arange(0, BR)
-    NC: tl.constexpr = D // CN
-    return tl.program_id(1), n, n < n_tokens, tl.program_id(2) // NC, (tl.program_id(2) % NC) * CN
-
-
-@triton.jit
 def _rotate_rows_kernel(xa_ptr, xb_ptr, ra_ptr, rb_ptr, out_ptr, n_tokens, sxan, sxah, sxbn, sxbh, srah, srbh,
                         H: tl.constexpr, D: tl.constexpr, BR: tl.constexpr, CN: tl.constexpr):
     # first pass of a two-pass int2_write_kv: out [sides, N, H, D] fp32 = x·R of each rotated side,
@@ -139,24 +112,6 @@ def _rotate_rows_kernel(xa_ptr, xb_ptr, ra_ptr, rb_ptr, out_ptr, n_tokens, sxan,
         _rotated_cols(xb_ptr, rb_ptr, n, rmask, h, c0, sxbn, sxbh, srbh, dst, D, CN, True, False)
 
 
-@triton.jit
-def _bf16_write_kernel(xk_ptr, xv_ptr, rk_ptr, rv_ptr, page_ptr, off_ptr, ok_ptr, ov_ptr, n_tokens,
-                       sxkn, sxkh, sxvn, sxvh, srkh, srvh, sop, soo, soh,
-                       D: tl.constexpr, BR: tl.constexpr, CN: tl.constexpr, ROTATE_K: tl.constexpr,
-                       ROTATE_V: tl.constexpr):
-    # grid axis 2 = (tensor, column slice): K and V (when given) in one launch, and the rotation split
-    # over D/CN programs per row block, so a decode step's few rows do not run 8 dependent
-    # load → dot rounds in one program (H200, bs 1: ~9 µs per call that way, mostly latency)
-    h, n, rmask, which, c0 = _column_program(n_tokens, D, BR, CN)
-    page = tl.load(page_ptr + n, mask=rmask, other=0).to(tl.int64)
-    off = tl.load(off_ptr + n, mask=rmask, other=0)
-    slot = page * sop + off * soo + h * soh
-    if which == 0:
-        _rotated_cols(xk_ptr, rk_ptr, n, rmask, h, c0, sxkn, sxkh, srkh, ok_ptr + slot, D, CN, ROTATE_K, True)
-    else:
-        _rotated_cols(xv_ptr, rv_ptr, n, rmask, h, c0, sxvn, sxvh, srvh, ov_ptr + slot, D, CN, ROTATE_V, True)
-
-
 def _check_int2_pages(codes: torch.Tensor, scales: torch.Tensor, h: int, d: int, group_size: int | None,
                       device: torch.device, bits: int = 2) -> tuple[int, int]:
     """(group_size, n_groups) after checking codes [P, page, H, d·bits/8] uint8 and scales [P, page, H, 2G]."""
@@ -165,15 +120,6 @@ def _check_int2_pages(codes: torch.Tensor, scales: torch.Tensor, h: int, d: int,
     check_tensor("scales", scales, SCALE_DTYPES, shape=(codes.shape[0], codes.shape[1], h, 2 * n_groups),
                  device=device)
     return gs, n_groups
-
-
-def _check_rows_and_slots(x, page_ids, offsets) -> tuple[int, int, int]:
-    check_tensor("x", x, FLOAT_ROWS, ndim=3)
-    n, h, d = x.shape
-    check_pow2("head_dim", d, minimum=16)  # tl.dot needs every extent >= 16
-    check_tensor("page_ids", page_ids, (torch.int32,), shape=(n,), device=x.device)
-    check_tensor("offsets", offsets, (torch.int32,), shape=(n,), device=x.device)
-    return n, h, d
 
 
 def _rotation_chunk(d: int) -> int:
@@ -301,52 +247,3 @@ def _rotate_first(k, v, rk, rv, block_rows: int, num_warps: int):
     k_out = out[0] if rk is not None else k
     v_out = out[-1] if rv is not None else v
     return k_out, v_out
-
-
-def _rotation_cols(d: int) -> int:
-    """Output columns per bf16_write program: 32 compiled (4 programs share a row block's rotation),
-    all of them interpreted (one numpy matmul per row block, summed as torch's reference sums)."""
-    return d if os.environ.get("TRITON_INTERPRET") == "1" else min(d, 32)
-
-
-def bf16_write(x: torch.Tensor, rotation: torch.Tensor | None, page_ids: torch.Tensor, offsets: torch.Tensor,
-               pages: torch.Tensor, block_rows: int = 16, num_warps: int = 4) -> None:
-    """Store (x·R) rounded to bf16 of x [N, H_kv, d] into BF16 slot (page_ids[i], offsets[i]) of
-    pages bf16 [P, page, H_kv, d].  rotation as in int2_write."""
-    bf16_write_kv(x, None, rotation, None, page_ids, offsets, pages, None, block_rows, num_warps)
-
-
-def bf16_write_kv(k: torch.Tensor, v: torch.Tensor | None, k_rotation: torch.Tensor | None,
-                  v_rotation: torch.Tensor | None, page_ids: torch.Tensor, offsets: torch.Tensor,
-                  k_pages: torch.Tensor, v_pages: torch.Tensor | None, block_rows: int = 16,
-                  num_warps: int = 4) -> None:
-    """bf16_write of K and V rows into the same slots, one launch (a decode step's BF16 ring write).
-
-    k, v [N, H_kv, d]; k_pages / v_pages bf16 [P, page, H_kv, d] of one layout; v / v_pages None
-    writes K only.  Each rotation as in int2_write (None: rows already rotated, or V absorbed).
-    Example: bf16_write_kv(k, v, R_K, None, pages, offs, k_bf16, v_bf16)   # V absorbed
-    """
-    n, h, d = _check_rows_and_slots(k, page_ids, offsets)
-    check_tensor("k_pages", k_pages, (torch.bfloat16,), shape=(None, None, h, d), device=k.device)
-    rk = check_rotation("k_rotation", k_rotation, d, h, k.device)
-    if (v is None) != (v_pages is None):
-        raise ValueError("v and v_pages: give both or neither")
-    rv = None
-    if v is not None:
-        check_tensor("v", v, FLOAT_ROWS, shape=(n, h, d), device=k.device)
-        check_tensor("v_pages", v_pages, (torch.bfloat16,), shape=k_pages.shape, device=k.device)
-        if v_pages.stride() != k_pages.stride():
-            raise ValueError(f"v_pages strides {v_pages.stride()} must equal k_pages strides {k_pages.stride()}")
-        rv = check_rotation("v_rotation", v_rotation, d, h, k.device)
-    check_pow2("block_rows", block_rows, minimum=16)
-    if n == 0:
-        return
-    cn = _rotation_cols(d)
-    vx = k if v is None else v
-    grid = (triton.cdiv(n, block_rows), h, (1 if v is None else 2) * (d // cn))
-    _bf16_write_kernel[grid](
-        k, vx, k if rk is None else rk, vx if rv is None else rv, page_ids, offsets, k_pages,
-        k_pages if v_pages is None else v_pages, n, k.stride(0), k.stride(1), vx.stride(0), vx.stride(1),
-        0 if rk is None or rk.ndim == 2 else d * d, 0 if rv is None or rv.ndim == 2 else d * d,
-        k_pages.stride(0), k_pages.stride(1), k_pages.stride(2),
-        D=d, BR=block_rows, CN=cn, ROTATE_K=rk is not None, ROTATE_V=rv is not None, num_warps=num_warps)

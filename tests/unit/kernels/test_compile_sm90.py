@@ -18,7 +18,7 @@ SCRIPT = textwrap.dedent('''
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    from oscar_ray.kernels import decode_attention as da, demote, extend_attention as ea, rotate, write
+    from oscar_ray.kernels import decode_attention as da, demote, extend_attention as ea, rotate, write, write_bf16
 
     def check(fn, types, constexprs, num_warps=4, num_stages=2, max_shared=None):
         if fn is da._decode_stage1_kernel:
@@ -41,7 +41,7 @@ SCRIPT = textwrap.dedent('''
               vc_ptr=P("u8"), vs_ptr=P("fp16" if fp16 else "fp32"), **copy_ptrs),
               dict(D=128, GS=gs, BR=16, KC=16, ROTATE_K=True, CLIP_K=True, CLIP_IDX_K=122, BITS_K=bits,
                    ROTATE_V=False, CLIP_V=False, CLIP_IDX_V=127, SCALE_FP16=fp16, BF16_OUT=bits == 2))
-    check(write._bf16_write_kernel, dict(xk_ptr=P("bf16"), xv_ptr=P("bf16"), rk_ptr=P("fp32"), rv_ptr=P("fp32"),
+    check(write_bf16._bf16_write_kernel, dict(xk_ptr=P("bf16"), xv_ptr=P("bf16"), rk_ptr=P("fp32"), rv_ptr=P("fp32"),
           page_ptr=P("i32"), off_ptr=P("i32"), ok_ptr=P("bf16"), ov_ptr=P("bf16")),
           dict(D=128, BR=16, CN=32, ROTATE_K=True, ROTATE_V=False))
     for hq, hkv, d in ((32, 8, 128), (12, 1, 64)):  # q·R_K (+ k·R_K) ahead of the decode launch
