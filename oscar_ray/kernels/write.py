@@ -53,8 +53,13 @@ def _load_rotated_rows(x_ptr, r_ptr, n, rmask, h, sxn, sxh, srh,
 @triton.jit
 def _int2_rows(x_ptr, r_ptr, n, rmask, h, sxn, sxh, srh, code_rows, scale_rows, D: tl.constexpr, GS: tl.constexpr,
                BR: tl.constexpr, ROTATE: tl.constexpr, KC: tl.constexpr, CLIP: tl.constexpr, CLIP_IDX: tl.constexpr,
-               SCALE_FP16: tl.constexpr, BITS: tl.constexpr):
+               SCALE_FP16: tl.constexpr, BITS: tl.constexpr, bf16_rows=None, BF16_OUT: tl.constexpr = False):
+    """Rows n of head h rotated, clipped, quantised and packed into code_rows / scale_rows [BR]; with
+    BF16_OUT the rotated rows before the clip also go to bf16_rows [BR] (+ column) rounded to bf16:
+    the bits bf16_write_kv stores (its rotation sums in the same ascending-k FMA order)."""
     x = _load_rotated_rows(x_ptr, r_ptr, n, rmask, h, sxn, sxh, srh, D, ROTATE, KC)
+    if BF16_OUT:
+        tl.store(bf16_rows[:, None] + tl.arange(0, D)[None, :], _round_bf16(x), mask=rmask[:, None])
     if CLIP:
         x = _clip_rows(x, CLIP_IDX)
     _quantize_pack_store(x, rmask, code_rows, scale_rows, BR, D, GS, SCALE_FP16, BITS)
@@ -77,26 +82,18 @@ def _int2_write_kernel(xk_ptr, xv_ptr, rk_ptr, rv_ptr, page_ptr, off_ptr, kc_ptr
     page = tl.load(page_ptr + n, mask=rmask, other=0).to(tl.int64)
     off = tl.load(off_ptr + n, mask=rmask, other=0)
     scale_off = page * ssp + off * sso + h * ssh
+    bslot = 0
     if BF16_OUT:
         bslot = (tl.load(bp_ptr + n, mask=rmask, other=0).to(tl.int64) * sbp
                  + tl.load(bo_ptr + n, mask=rmask, other=0) * sbo + h * sbh)
-    cols = tl.arange(0, D)
     if tl.program_id(2) == 0:
-        x = _load_rotated_rows(xk_ptr, rk_ptr, n, rmask, h, sxkn, sxkh, srkh, D, ROTATE_K, KC)
-        if BF16_OUT:
-            tl.store(bk_ptr + bslot[:, None] + cols[None, :], _round_bf16(x), mask=rmask[:, None])
-        if CLIP_K:
-            x = _clip_rows(x, CLIP_IDX_K)
-        _quantize_pack_store(x, rmask, kc_ptr + page * skcp + off * skco + h * skch, ks_ptr + scale_off,
-                             BR, D, GS, SCALE_FP16, BITS_K)
+        _int2_rows(xk_ptr, rk_ptr, n, rmask, h, sxkn, sxkh, srkh, kc_ptr + page * skcp + off * skco + h * skch,
+                   ks_ptr + scale_off, D, GS, BR, ROTATE_K, KC, CLIP_K, CLIP_IDX_K, SCALE_FP16, BITS_K,
+                   bk_ptr + bslot, BF16_OUT)
     else:
-        x = _load_rotated_rows(xv_ptr, rv_ptr, n, rmask, h, sxvn, sxvh, srvh, D, ROTATE_V, KC)
-        if BF16_OUT:
-            tl.store(bv_ptr + bslot[:, None] + cols[None, :], _round_bf16(x), mask=rmask[:, None])
-        if CLIP_V:
-            x = _clip_rows(x, CLIP_IDX_V)
-        _quantize_pack_store(x, rmask, vc_ptr + page * svcp + off * svco + h * svch, vs_ptr + scale_off,
-                             BR, D, GS, SCALE_FP16, 2)
+        _int2_rows(xv_ptr, rv_ptr, n, rmask, h, sxvn, sxvh, srvh, vc_ptr + page * svcp + off * svco + h * svch,
+                   vs_ptr + scale_off, D, GS, BR, ROTATE_V, KC, CLIP_V, CLIP_IDX_V, SCALE_FP16, 2,
+                   bv_ptr + bslot, BF16_OUT)
 
 
 @triton.jit
