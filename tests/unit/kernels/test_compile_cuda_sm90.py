@@ -18,6 +18,8 @@ import pytest
 
 from oscar_ray.kernels import decode_cuda
 
+from .sm90 import ptxas_path
+
 
 def _nvrtc():
     spec = importlib.util.find_spec("nvidia.cuda_nvrtc")
@@ -28,9 +30,8 @@ def _nvrtc():
 
 
 def _ptxas() -> str:
-    import triton
-    path = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
-    if not path.exists():
+    path = ptxas_path()
+    if path is None:
         pytest.skip("triton wheel without a bundled ptxas")
     return str(path)
 

@@ -12,13 +12,11 @@ jit_cache_hook compiles each new specialisation with triton.compile (PTX + the b
 device) and returns True, so nothing is launched; the launchers' torch work runs on CPU tensors.
 """
 
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
+
+from .sm90 import ptxas_path, run_compiled
 
 SCRIPT = textwrap.dedent('''
     import torch, triton
@@ -85,20 +83,9 @@ SCRIPT = textwrap.dedent('''
 ''')
 
 
-def _has_cuda_backend() -> bool:
-    try:
-        import triton
-
-        return (Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas").exists()
-    except ImportError:
-        return False
-
-
-@pytest.mark.skipif(not _has_cuda_backend(), reason="triton has no bundled NVIDIA backend / ptxas")
+@pytest.mark.skipif(ptxas_path() is None, reason="triton has no bundled NVIDIA backend / ptxas")
 def test_launcher_specialisations_compile_for_sm90():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=900, env=env,
-                          cwd=Path(__file__).parents[3])
+    proc = run_compiled(SCRIPT, timeout=900)
     assert proc.returncode == 0 and "COMPILED" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-6000:]
     names = {line.split()[0] for line in proc.stdout.splitlines()[:-1]}
     # every kernel the calls above launch was compiled (a launcher that stopped reaching one fails here)

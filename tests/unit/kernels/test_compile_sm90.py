@@ -6,13 +6,11 @@ to PTX and runs the bundled ptxas, which needs no device.  It runs in a subproce
 TRITON_INTERPRET=1 (set for this suite) replaces every @triton.jit function at import time.
 """
 
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
+
+from .sm90 import ptxas_path, run_compiled
 
 SCRIPT = textwrap.dedent('''
     import triton
@@ -114,18 +112,7 @@ SCRIPT = textwrap.dedent('''
 ''')
 
 
-def _has_cuda_backend() -> bool:
-    try:
-        import triton
-
-        return (Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas").exists()
-    except ImportError:
-        return False
-
-
-@pytest.mark.skipif(not _has_cuda_backend(), reason="triton has no bundled NVIDIA backend / ptxas")
+@pytest.mark.skipif(ptxas_path() is None, reason="triton has no bundled NVIDIA backend / ptxas")
 def test_kernels_compile_for_sm90():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=600, env=env,
-                          cwd=Path(__file__).parents[3])
+    proc = run_compiled(SCRIPT, timeout=600)
     assert proc.returncode == 0 and "ALL OK" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-6000:]
