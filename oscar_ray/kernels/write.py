@@ -1,4 +1,6 @@
-"""Write path kernels: fused rotate → clip → INT2 quantise → pack into pages; BF16 rows; page demotion.
+"""INT2 write kernels: fused rotate → clip → INT2 quantise → pack into pages.
+
+BF16 rows alone: write_bf16.py; page demotion: demote.py.
 
 int2_write     new rows x [N, H_kv, d] (not yet rotated) → INT2 slots (page id, offset) of codes + scales
 int2_write_kv  the same for the K and V rows of a step in one launch, optionally with their BF16
