@@ -279,6 +279,8 @@ def int2_decode_attention(q: torch.Tensor, kv: PagedKV, seg: Segments, *, k_rota
     app = append_args(q, b, hkv, d, append_k, append_v, rotate_append, k_rotation, v_rotation, append_int2,
                       append_clip, geo.scale_fp16)
     new = new_token_args(q, b, hkv, d, attend_new, app.enabled)
+    if overlap_tiers != "auto" and not isinstance(overlap_tiers, bool):  # before any launch
+        raise ValueError(f"overlap_tiers must be True, False or 'auto', got {overlap_tiers!r}")
     g = hq // hkv
     if use_cuda:
         s2 = num_splits or default_cuda_splits(b, hkv, max_int2_len, num_sms=num_sms)
@@ -306,14 +308,12 @@ def int2_decode_attention(q: torch.Tensor, kv: PagedKV, seg: Segments, *, k_rota
             hq, *app.tensors, *app.strides,
             s2 if use_cuda else 0, GQA=g, PAGE2=geo.int2_page_size, PAGE16=geo.bf16_page_size, D=d, GS=geo.group_size,
             SPLITS2=s2, SPLITS16=s16, BLOCK_H=block_h, BLOCK_N2=block_n, BLOCK_N16=bf16_block_n, PRECISION=precision,
-            KEY_BITS=geo.key_bits, APPEND=app.enabled, NEW=new.enabled, **app.constexprs, num_warps=num_warps, num_stages=num_stages,
-            **({"maxnreg": max_registers} if max_registers else {}))
+            KEY_BITS=geo.key_bits, APPEND=app.enabled, NEW=new.enabled, **app.constexprs, num_warps=num_warps,
+            num_stages=num_stages, **({"maxnreg": max_registers} if max_registers else {}))
 
     # the BF16 launch first, beside the INT2 tier: its writer programs' serial chains start earliest
     if overlap_tiers == "auto":
         overlap_tiers = b * hkv * s2 <= resident_ctas(num_sms=num_sms)
-    elif not isinstance(overlap_tiers, bool):
-        raise ValueError(f"overlap_tiers must be True, False or 'auto', got {overlap_tiers!r}")
     side = _side_stream(q.device) if use_cuda and overlap_tiers and q.is_cuda else None
     if side is not None:
         side.run(stage1)

@@ -24,7 +24,7 @@ from oscar_ray.quant.int2 import check_bits
 
 from ._quant_tiles import _clip_rows, _quantize_pack_store, _round_bf16
 from ._validate import FLOAT_ROWS, SCALE_DTYPES, check_pow2, check_rotation, check_tensor, code_bytes, group_count
-from .write_bf16 import _check_rows_and_slots, _column_program, _rotated_cols, _rotation_cols
+from .write_bf16 import _check_bf16_pages, _check_rows_and_slots, _column_program, _rotated_cols, _rotation_cols
 
 
 @triton.jit
@@ -215,13 +215,9 @@ def _check_bf16_copy(bf16_copy, n: int, h: int, d: int, has_v: bool, device) -> 
     pages, offs, kp, vp = bf16_copy
     check_tensor("bf16_copy page_ids", pages, (torch.int32,), shape=(n,), device=device)
     check_tensor("bf16_copy offsets", offs, (torch.int32,), shape=(n,), device=device)
-    check_tensor("bf16_copy k_pages", kp, (torch.bfloat16,), shape=(None, None, h, d), device=device)
     if (vp is None) == has_v:
         raise ValueError("bf16_copy v_pages: give it exactly when v is given")
-    if vp is not None:
-        check_tensor("bf16_copy v_pages", vp, (torch.bfloat16,), shape=kp.shape, device=device)
-        if vp.stride() != kp.stride():
-            raise ValueError("bf16_copy v_pages must have k_pages' strides")
+    _check_bf16_pages(kp, vp, h, d, device, prefix="bf16_copy ")
     return pages, offs, kp, kp if vp is None else vp
 
 

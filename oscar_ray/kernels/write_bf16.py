@@ -76,6 +76,16 @@ def _check_rows_and_slots(x, page_ids, offsets) -> tuple[int, int, int]:
     return n, h, d
 
 
+def _check_bf16_pages(k_pages, v_pages, h: int, d: int, device, prefix: str = "") -> None:
+    """k_pages bf16 [P, page, H_kv, d] and v_pages (or None) of k_pages' shape and strides, as the
+    BF16 writes (bf16_write_kv, int2_write_kv's bf16_copy) take them; prefix names the argument."""
+    check_tensor(f"{prefix}k_pages", k_pages, (torch.bfloat16,), shape=(None, None, h, d), device=device)
+    if v_pages is not None:
+        check_tensor(f"{prefix}v_pages", v_pages, (torch.bfloat16,), shape=k_pages.shape, device=device)
+        if v_pages.stride() != k_pages.stride():
+            raise ValueError(f"{prefix}v_pages strides {v_pages.stride()} must equal k_pages strides "
+                             f"{k_pages.stride()}")
+
 
 def _rotation_cols(d: int) -> int:
     """Output columns per bf16_write program: 32 compiled (4 programs share a row block's rotation),
@@ -101,16 +111,13 @@ def bf16_write_kv(k: torch.Tensor, v: torch.Tensor | None, k_rotation: torch.Ten
     Example: bf16_write_kv(k, v, R_K, None, pages, offs, k_bf16, v_bf16)   # V absorbed
     """
     n, h, d = _check_rows_and_slots(k, page_ids, offsets)
-    check_tensor("k_pages", k_pages, (torch.bfloat16,), shape=(None, None, h, d), device=k.device)
     rk = check_rotation("k_rotation", k_rotation, d, h, k.device)
     if (v is None) != (v_pages is None):
         raise ValueError("v and v_pages: give both or neither")
+    _check_bf16_pages(k_pages, v_pages, h, d, k.device)
     rv = None
     if v is not None:
         check_tensor("v", v, FLOAT_ROWS, shape=(n, h, d), device=k.device)
-        check_tensor("v_pages", v_pages, (torch.bfloat16,), shape=k_pages.shape, device=k.device)
-        if v_pages.stride() != k_pages.stride():
-            raise ValueError(f"v_pages strides {v_pages.stride()} must equal k_pages strides {k_pages.stride()}")
         rv = check_rotation("v_rotation", v_rotation, d, h, k.device)
     check_pow2("block_rows", block_rows, minimum=16)
     if n == 0:
