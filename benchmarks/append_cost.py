@@ -10,10 +10,10 @@ graphs over input copies that miss L2, medians), in these forms:
   rot+bf16     rows rotated by R_K in the launch, stored BF16 (no INT2 copy)
   sglang       + the INT2 copy by the two writer programs, K clipped at 0.96: the "launch" form
   separate     int2_write_kv with its bf16_copy (the pool's oscar_write: both copies, two launches at
-               these row counts), then the rot launch (until 2026-12-08: int2_write_kv + bf16_write_kv)
+               these row counts), then the rot launch (until 954b9eb: int2_write_kv + bf16_write_kv)
   bf16 side    bf16_write_kv, then the rot launch, with int2_write_kv on a second stream beside them
                (kernels/side_stream.py), joined at the call's end (the backend's "side" form until
-               2026-12-08; named "side sep" in the raw file of 2026-12-07, whose "side" was rot+bf16
+               c083460; named "side sep" in the raw file of 2026-12-07, whose "side" was rot+bf16
                with int2_write_kv on the second stream)
   side         oscar_write's launches on the second stream, the rot launch attending the new token from
                its rows (attend_new, kernels/_merge.py): the sglang backend's decode step ("side"),
