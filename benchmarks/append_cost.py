@@ -18,6 +18,11 @@ graphs over input copies that miss L2, medians), in these forms:
   side         oscar_write's launches on the second stream, the rot launch attending the new token from
                its rows (attend_new, kernels/_merge.py): the sglang backend's decode step ("side"),
                which joins at the next forward (more overlap than here)
+  side bf16    bf16_write_kv alone on the second stream, attend_new: the sglang "side" step since
+               the INT2 codes are written per page (a step whose token completes no page)
+  side fill    side bf16 + demote_pages_kv of one page after it on the second stream: a step whose
+               token completes its page (1 step in 64 per request at page 64); the amortised step
+               cost, side bf16 + P(fill) x the difference, is tabled after the main table
   rot serial   rot with the BF16 tier's launch after the CUDA INT2 tier (overlap_tiers=False; the
                others run it beside the INT2 tier)
   sglang serial  sglang, in series likewise (the writer programs' cost before the overlap)
@@ -37,12 +42,14 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from decode_attention import (D, HKV, HQ, RECENT, SINK, _cache_copies, _commit, _fmt,  # noqa: E402
                               _free_int2_slots, _table, time_calls)
 
-from oscar_ray.kernels import bf16_write_kv, int2_decode_attention, int2_write_kv  # noqa: E402
+from oscar_ray.kernels import bf16_write_kv, demote_pages_kv, int2_decode_attention, int2_write_kv  # noqa: E402
 from oscar_ray.kernels.decode_attention import _decode_stage1_kernel  # noqa: E402
 from oscar_ray.kernels.side_stream import SideStream  # noqa: E402
 from oscar_ray.kernels.synthetic import random_mixed_cache  # noqa: E402
 
-FORMS = ["rot", "ring", "rot+bf16", "sglang", "separate", "bf16 side", "side", "rot serial", "sglang serial"]
+FORMS = ["rot", "ring", "rot+bf16", "sglang", "separate", "bf16 side", "side", "side bf16", "side fill", "rot serial",
+         "sglang serial"]
+PAGE = 64  # the serving page (oscar_ray/_defaults.py PAGE_SIZE): a request completes a page every 64 steps
 
 
 def bench(batch: int, ctx: int, args, device: str) -> list[str]:
@@ -67,9 +74,9 @@ def bench(batch: int, ctx: int, args, device: str) -> list[str]:
         extra = dict(k_rotation=r_k)
         if form == "ring":
             extra = dict(append_k=new_k, append_v=new_v)
-        elif form == "side":
+        elif form.startswith("side"):
             extra.update(attend_new=(new_k, new_v))  # V absorbed: the rows are in the cache's V basis
-        elif form not in ("rot", "separate", "bf16 side", "rot serial"):
+        elif form not in ("rot", "separate", "bf16 side", "rot serial"):  # the in-launch forms
             extra.update(append_k=new_k, append_v=new_v, rotate_append=True)
             if form.startswith("sglang"):
                 extra.update(append_int2=int2_slot, append_clip=(0.96, 0.0))
@@ -80,12 +87,23 @@ def bench(batch: int, ctx: int, args, device: str) -> list[str]:
             int2_write_kv(new_k, new_v, r_k, None, 0.96, 0.0, *int2_slot, c[0].k_codes, c[0].k_scales,
                           c[0].v_codes, c[0].v_scales, bf16_copy=(p16, o16, c[0].k_bf16, c[0].v_bf16) if both else None)
 
+        def bf16(c):
+            bf16_write_kv(new_k, new_v, r_k, None, p16, o16, c[0].k_bf16, c[0].v_bf16)
+
+        def fill(c):  # request 0's tail page into a free INT2 page: the page-completing step's extra launch
+            demote_pages_kv(c[0].k_bf16, c[0].v_bf16, p16[:1], int2_slot[0][:1], c[0].k_codes, c[0].k_scales,
+                            c[0].v_codes, c[0].v_scales, 0.96, 0.0)
+
         def call(c):
             if form == "side":
                 side.run(lambda: int2(c, both=True))
+            elif form == "side bf16":
+                side.run(lambda: bf16(c))
+            elif form == "side fill":
+                side.run(lambda: (bf16(c), fill(c)))
             elif form == "bf16 side":
                 side.run(lambda: int2(c))
-                bf16_write_kv(new_k, new_v, r_k, None, p16, o16, c[0].k_bf16, c[0].v_bf16)
+                bf16(c)
             elif form == "separate":
                 int2(c, both=True)
             out = int2_decode_attention(q, c[0], c[1], max_int2_len=n2, **extra)
@@ -95,7 +113,19 @@ def bench(batch: int, ctx: int, args, device: str) -> list[str]:
 
     times = [time_calls(lambda copies, f=f: forms(copies, f), nbytes, args) for f in args.forms]
     base = times[0][1]
-    return [str(batch), str(ctx)] + [f"{_fmt(t)} ({t[1] - base:+.1f})" if i else _fmt(t) for i, t in enumerate(times)]
+    row = [str(batch), str(ctx)] + [f"{_fmt(t)} ({t[1] - base:+.1f})" if i else _fmt(t) for i, t in enumerate(times)]
+    return row, {f: t[1] for f, t in zip(args.forms, times)}
+
+
+def amortised(batch: int, med: dict[str, float]) -> list[str] | None:
+    """The sglang side step per decode step: side bf16 plus the fill launch on the share of steps
+    where at least one of `batch` requests completes a page (lengths spread evenly: 1 - (1 - 1/64)^B)."""
+    if not {"rot", "side bf16", "side fill"} <= med.keys():
+        return None
+    p_fill = 1 - (1 - 1 / PAGE) ** batch
+    step = med["side bf16"] + p_fill * (med["side fill"] - med["side bf16"])
+    write = step - med["rot"]
+    return [str(batch), f"{p_fill:.3f}", f"{step:.1f}", f"{write:+.1f}", f"{100 * write / med['rot']:.1f}%"]
 
 
 def registers() -> list[str]:
@@ -130,11 +160,18 @@ def main(argv: list[str] | None = None) -> int:
     device = "cpu" if args.smoke else "cuda"
     if args.smoke:
         args.batches, args.context, args.repeats = [2], SINK + RECENT + 64, 2
-    rows = [bench(b, args.context, args, device) for b in args.batches]
+    results = [bench(b, args.context, args, device) for b in args.batches]
+    rows = [r for r, _ in results]
+    amort = [a for a in (amortised(b, m) for b, (_, m) in zip(args.batches, results)) if a]
+    amort_lines = (["Amortised sglang side step (page 64): side bf16 + P(fill) x (side fill - side bf16), "
+                    "µs of medians; write = step - rot, and its share of rot.", "",
+                    *_table(["batch", "P(fill)", "step µs", "write µs", "write / rot"], amort), ""]
+                   if amort else [])
     card = "cpu (interpreter)" if args.smoke else torch.cuda.get_device_name()
     lines = [f"# Decode append cost, {card}, {datetime.date.today()}, commit {_commit()}", "",
              "µs per launch, median (p20–p80), in parentheses the difference to `rot`.", "",
-             *_table(["batch", "context", *[f"{f} µs" for f in args.forms]], rows), "", *registers(), ""]
+             *_table(["batch", "context", *[f"{f} µs" for f in args.forms]], rows), "", *amort_lines,
+             *registers(), ""]
     text = "\n".join(lines)
     print(text)
     with open(args.out, "w") as f:

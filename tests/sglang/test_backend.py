@@ -70,9 +70,10 @@ class World:
         self.lens[req] = end
         return start, end
 
-    def forward(self, mode, reqs, n_new, shares=None):
+    def forward(self, mode, reqs, n_new, shares=None, host_lens=True):
         """Run one batch: every layer through AttentionBackend.forward; returns per layer
-        (q, k, v, output) and the per-request (prefix or cache) lengths."""
+        (q, k, v, output) and the per-request (prefix or cache) lengths.  host_lens False: no
+        seq_lens_cpu (a ForwardBatch built without the host copy)."""
         shares = shares or {}
         spans = [self.grow(r, n, shares.get(r)) for r, n in zip(reqs, n_new)]
         loc = torch.cat([self.req_pool.req_to_token[r, s:e].long() for r, (s, e) in zip(reqs, spans)])
@@ -81,7 +82,8 @@ class World:
         seq = torch.tensor([e for _, e in spans])
         fb = ForwardBatch(forward_mode=mode, batch_size=len(reqs), input_ids=torch.zeros(t, dtype=torch.int64),
                           req_pool_indices=torch.tensor(reqs), seq_lens=seq, out_cache_loc=loc,
-                          seq_lens_sum=int(seq.sum()), seq_lens_cpu=seq.clone(), positions=pos)
+                          seq_lens_sum=int(seq.sum()), seq_lens_cpu=seq.clone() if host_lens else None,
+                          positions=pos)
         if mode == ForwardMode.EXTEND:
             fb.extend_seq_lens = torch.tensor(n_new, dtype=torch.int32)
             fb.extend_prefix_lens = torch.tensor([s for s, _ in spans], dtype=torch.int32)
@@ -103,28 +105,38 @@ class World:
         return spans, out, self.backend.forward_metadata.segments
 
 
-def _tiered(x, r, clip, bf16_mask):
+def _tiered(x, r, clip, bf16_mask, via_bf16=None):
     """Cached rows [n, HKV, D] as the pool serves them, in the rotated basis: BF16 where bf16_mask,
-    else INT2 (clip → quantise → dequantise, fp16 scales, one group per row)."""
+    else INT2 (clip → quantise → dequantise, fp16 scales, one group per row), quantised from the
+    rows rounded to bf16 where via_bf16 (pages a decode step completed: codes from the arena copy)."""
     xr = x.double() if r is None else torch.einsum("nhi,hij->nhj", x.double(), r.double())
-    codes, scales = quantize_int2(clip_rows(xr.float(), clip), None, "float16")
+    src = xr.float()
+    if via_bf16 is not None:
+        src = torch.where(via_bf16[:, None, None], src.to(torch.bfloat16).float(), src)
+    codes, scales = quantize_int2(clip_rows(src, clip), None, "float16")
     deq = dequantize_int2(codes, scales, None).double()
     return torch.where(bf16_mask[:, None, None], xr.float().to(torch.bfloat16).double(), deq)
 
 
-def _check(world, reqs, spans, out, seg, bf16_sets, decode):
+def _spans_mask(n, spans):
+    mask = torch.zeros(n, dtype=torch.bool)
+    for lo, hi in spans:
+        mask[lo:hi] = True
+    return mask
+
+
+def _check(world, reqs, spans, out, seg, bf16_sets, decode, via_bf16_sets=None):
     for b, (req, (start, end)) in enumerate(zip(reqs, spans)):
         n_cached = end if decode else start
-        mask = torch.zeros(n_cached, dtype=torch.bool)
-        for lo, hi in bf16_sets[b]:
-            mask[lo:hi] = True
+        mask = _spans_mask(n_cached, bf16_sets[b])
+        via = _spans_mask(n_cached, via_bf16_sets[b] if via_bf16_sets else [])
         assert (int(seg.bf16_lens[b]), int(seg.int2_lens[b])) == (int(mask.sum()), n_cached - int(mask.sum()))
         rows = slice(sum(e - s for s, e in spans[:b]), sum(e - s for s, e in spans[: b + 1]))
         for layer_id, (q, k, v, o) in enumerate(out):
             r_k = world.r_k[layer_id]
             kc, vc = world.kv[req][layer_id]
-            keys = _tiered(kc[:n_cached], r_k, CLIP[0], mask)
-            vals = _tiered(vc[:n_cached], None, CLIP[1], mask)  # V absorbed: stored as given
+            keys = _tiered(kc[:n_cached], r_k, CLIP[0], mask, via)
+            vals = _tiered(vc[:n_cached], None, CLIP[1], mask, via)  # V absorbed: stored as given
             qr = torch.einsum("nhgi,hij->nhgj", q[rows].double().reshape(-1, HKV, HQ // HKV, D), r_k.double())
             qr = qr.reshape(-1, HQ, D)
             if not decode:  # the chunk itself attends at full precision, causally
@@ -176,38 +188,88 @@ def test_chunked_prefill_decode_ring_wrap_and_prefix_hit(seed, extend_method, pa
 
 @pytest.mark.parametrize("page_layout, form", [("token", "launch"), ("head", "launch"), ("head", "separate"),
                                                ("head", "side"), ("token", "auto")])
-def test_decode_launch_writes_both_copies_of_the_new_token(seed, page_layout, form):
+def test_decode_step_writes_the_new_token_by_its_form(seed, page_layout, form):
     # "launch": decode writes nothing before attending: its launch stores the step's token rotated
-    # into the window (BF16) and into its own slot (INT2, dual residency: a radix-cache hit or the
-    # window moving on reads that copy later); "separate": the write launches do both first; "side"
-    # (auto): both write launches on a second stream (without CUDA in series), the attention taking
-    # the token from its rows.  Every form must equal the write kernels' result for those rows, and
-    # attend over the tokens the tiers hold (all BF16 at 41: sink page 0, recent pages 1..2)
+    # into the window (BF16) and into its own slot (INT2); "separate": the write launches do both
+    # first; "side" (auto): on a second stream (without CUDA in series) the BF16 copy only, as the
+    # token does not complete its page (41 tokens: page 2 holds 32..40), the attention taking the
+    # token from its rows.  The copies a form writes must equal the write kernels' result for those
+    # rows, and the attention read the tiers' tokens (all BF16 at 41: sink page 0, recent pages 1..2)
     from oscar_ray.kernels import bf16_write_kv, int2_write_kv
 
     w = World(page_layout)
     w.backend.decode_write = form
     a = 1
     w.forward(ForwardMode.EXTEND, [a], [40])
+    before = [t[layer].clone() for layer in range(LAYERS)
+              for t in (w.pool.k_codes, w.pool.k_scales, w.pool.v_codes, w.pool.v_scales)]
     spans, out, seg = w.forward(ForwardMode.DECODE, [a], [1])
     _check(w, [a], spans, out, seg, [[(0, 41)]], decode=True)
+    assert w.backend.forward_metadata.fills.count == 0
     loc = int(w.req_pool.req_to_token[a, 40])
     page, off = torch.tensor([loc // P], dtype=torch.int32), torch.tensor([loc % P], dtype=torch.int32)
     ring = int(w.backend.forward_metadata.plan.bf16_page[0])
     for layer in range(LAYERS):
         k, v = (x[40:41] for x in w.kv[a][layer])
         r_k, _, k_clip, v_clip = w.pool.rotations.layer(layer)
-        kc, ks, vc, vs = (t[layer].clone() for t in (w.pool.k_codes, w.pool.k_scales, w.pool.v_codes,
-                                                     w.pool.v_scales))
-        kc[page.long(), off.long()] = 0
-        vc[page.long(), off.long()] = 0
-        int2_write_kv(k, v, r_k, None, k_clip, v_clip, page, off, kc, ks, vc, vs)
+        kc, ks, vc, vs = before[4 * layer: 4 * layer + 4]
+        if form in ("launch", "separate"):  # the token's own INT2 slot, every step
+            kc, ks, vc, vs = (t.clone() for t in (kc, ks, vc, vs))
+            int2_write_kv(k, v, r_k, None, k_clip, v_clip, page, off, kc, ks, vc, vs)
+            assert w.pool.k_codes[layer][loc // P, loc % P].any()  # written, not left as allocated
         kb, vb = w.pool.k_bf16[layer].clone(), w.pool.v_bf16[layer].clone()
         bf16_write_kv(k, v, r_k, None, torch.tensor([ring], dtype=torch.int32), off, kb, vb)
         assert torch.equal(w.pool.k_codes[layer], kc) and torch.equal(w.pool.v_codes[layer], vc), layer
         assert torch.equal(w.pool.k_scales[layer], ks) and torch.equal(w.pool.v_scales[layer], vs), layer
         assert torch.equal(w.pool.k_bf16[layer], kb) and torch.equal(w.pool.v_bf16[layer], vb), layer
-        assert w.pool.k_codes[layer][loc // P, loc % P].any()  # written, not left as allocated
+
+
+@pytest.mark.parametrize("page_layout", ["token", "head"])
+def test_side_decode_writes_a_page_s_int2_codes_when_it_fills_and_a_prefix_hit_reads_them(seed, page_layout):
+    # "side" writes INT2 codes once per page: the step whose token completes page 2 (48 tokens)
+    # quantises the page's arena copy into its slot page (demote_pages_kv), overwriting the codes
+    # the extend wrote for 32..45; request B then shares A's three pages through the radix cache
+    # and reads all of them from INT2, page 2 included: codes missing or wrong there move its output
+    from oscar_ray.kernels import demote_pages_kv
+
+    w = World(page_layout)
+    a, b = 1, 2
+    w.forward(ForwardMode.EXTEND, [a], [46])
+    spans, out, seg = w.forward(ForwardMode.DECODE, [a], [1])  # 47 tokens: no page completed
+    _check(w, [a], spans, out, seg, [[(0, 47)]], decode=True)
+    slot_page = int(w.req_pool.req_to_token[a, 32]) // P
+    arena_page = int(w.backend.forward_metadata.plan.bf16_page[0])
+    kept = [t[layer][slot_page].clone() for layer in range(LAYERS) for t in (w.pool.k_codes, w.pool.v_codes)]
+    spans, out, seg = w.forward(ForwardMode.DECODE, [a], [1])  # 48: page 2 complete
+    _check(w, [a], spans, out, seg, [[(0, 48)]], decode=True)
+    fills = w.backend.forward_metadata.fills
+    assert (fills.slot_page.tolist(), fills.arena_page.tolist()) == ([slot_page], [arena_page])
+    ids = (torch.tensor([arena_page], dtype=torch.int32), torch.tensor([slot_page], dtype=torch.int32))
+    for layer in range(LAYERS):
+        expect = [t[layer].clone() for t in (w.pool.k_codes, w.pool.k_scales, w.pool.v_codes, w.pool.v_scales)]
+        for t in expect:
+            t[slot_page] = 0
+        demote_pages_kv(w.pool.k_bf16[layer], w.pool.v_bf16[layer], *ids, *expect, *CLIP)
+        got = (w.pool.k_codes[layer], w.pool.k_scales[layer], w.pool.v_codes[layer], w.pool.v_scales[layer])
+        assert all(torch.equal(x, y) for x, y in zip(got, expect)), layer
+        # offsets 14 and 15 (the two decode steps' rows) carry codes now; the step before left them
+        k_before = kept[2 * layer]
+        assert not k_before[14:].any() and w.pool.k_codes[layer][slot_page, 14:].any(), layer
+    spans, out, seg = w.forward(ForwardMode.EXTEND, [b], [5], shares={b: (a, 3)})
+    _check(w, [b], spans, out, seg, [[]], decode=False, via_bf16_sets=[[(32, 48)]])
+
+
+def test_decode_without_host_lengths_writes_int2_every_step(seed):
+    # a ForwardBatch without seq_lens_cpu: "side" cannot know which pages complete without a sync,
+    # so it writes both copies per token, and the step's INT2 slot holds codes at once
+    w = World("head")
+    a = 1
+    w.forward(ForwardMode.EXTEND, [a], [40])
+    spans, out, seg = w.forward(ForwardMode.DECODE, [a], [1], host_lens=False)
+    _check(w, [a], spans, out, seg, [[(0, 41)]], decode=True)
+    assert w.backend.forward_metadata.fills is None
+    loc = int(w.req_pool.req_to_token[a, 40])
+    assert all(w.pool.k_codes[layer][loc // P, loc % P].any() for layer in range(LAYERS))
 
 
 def test_unknown_decode_write_form_is_refused_before_any_write(seed):

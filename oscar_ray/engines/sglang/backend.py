@@ -12,9 +12,12 @@ pool's ownership tags once (tables.plan_writes), then builds the kernels' page t
 Per layer: in extend, write (pool.oscar_write: INT2 into every token's slot, BF16 into the windows),
 then int2_extend_attention (the chunk itself at full precision, causally); in decode,
 int2_decode_attention (q·R_K inside).  The step's token is written in one of three forms
-(backend.decode_write): "side" (the default), both copies (pool.oscar_write: int2_write_kv with its
-bf16_copy) on a second stream beside the attention (kernels/side_stream.py, joined at the next forward's start), which
-attends the token from its rows and leaves its window slot unread (attend_new, kernels/_merge.py);
+(backend.decode_write): "side" (the default), on a second stream beside the attention
+(kernels/side_stream.py, joined at the next forward's start) the BF16 copy (bf16_write_kv) and, for
+the requests whose token completes a page, that page's INT2 codes from its arena copy
+(demote_pages_kv: one launch per page of 64 tokens instead of an INT2 write per token; tables.py
+says why only whole pages need codes), the attention taking the token from its rows and leaving its
+window slot unread (attend_new, kernels/_merge.py);
 "launch", both copies stored by the attention launch itself (append_k / append_v, rotate_append,
 append_int2: kernels/_append.py); "separate", pool.oscar_write before the attention.
 "side" and "launch" need the step's token to be its request's last BF16-tier token, which holds
@@ -38,7 +41,7 @@ from oscar_ray.kernels.side_stream import SideStream
 from oscar_ray.quant.centre import add_value_mean, centred
 
 from .pool import OscarMHATokenToKVPool
-from .tables import WritePlan, build_segments, plan_writes
+from .tables import PageFills, WritePlan, build_segments, plan_fills, plan_writes
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,9 @@ class OscarForwardMetadata:
     # decode: the longest request on the host, the split rule's length hint (an upper bound of
     # its INT2 tokens; without it the CUDA tier always runs two waves, decode_cuda.default_cuda_splits)
     max_len: int | None = None
+    # decode: the slot pages this step's tokens complete (None without host lengths: the "side"
+    # form then writes INT2 per token, as "separate" does)
+    fills: PageFills | None = None
 
 
 def _host_max(values, fallback: torch.Tensor) -> int:
@@ -117,7 +123,8 @@ class OscarAttnBackend(AttentionBackend):
                                pool.slot_owner, pool.ring_tag)
             seg = build_segments(pool.arena, self.req_to_token, fb.req_pool_indices, fb.seq_lens,
                                  pool.slot_owner, pool.ring_tag, max_pages)
-            self.forward_metadata = OscarForwardMetadata(plan, seg, None, 1, max_len=max_len)
+            fills = plan_fills(plan, fb.seq_lens, getattr(fb, "seq_lens_cpu", None), pool.page_size)
+            self.forward_metadata = OscarForwardMetadata(plan, seg, None, 1, max_len=max_len, fills=fills)
             return
         if not mode.is_extend():
             raise NotImplementedError(f"forward mode {mode} is not supported with the OSCAR backend")
@@ -201,13 +208,24 @@ class OscarAttnBackend(AttentionBackend):
                           append_int2=(plan.int2_page, plan.int2_off), append_clip=(k_clip, v_clip))
         elif form == "separate":  # int2_write_kv + bf16_write_kv, then the attention reads the BF16 slot
             self.pool.oscar_write(layer.layer_id, k3, v3, plan)
-        else:  # side: both copies beside the attention, which takes the token from k3 / v3
-            self.side.run(lambda: self.pool.oscar_write(layer.layer_id, k3, v3, plan), k3, v3)
+        else:  # side: the copies beside the attention, which takes the token from k3 / v3
+            self.side.run(lambda: self._side_write(layer.layer_id, k3, v3), k3, v3)
             # attend_new's v is in the cache's V basis: v3 already is when absorbed (r_v None)
             attend["attend_new"] = (k3, v3 if r_v is None else rotate_heads(v3, r_v))
         o = int2_decode_attention(q.reshape(-1, hq, d), self.pool.paged_kv(layer.layer_id),
                                   self.forward_metadata.segments, **attend)
         return add_value_mean(o, mu_v).to(q.dtype).reshape(-1, hq * d)
+
+    def _side_write(self, layer_id: int, k3, v3) -> None:
+        """The "side" form's launches: the BF16 copy every step and the INT2 codes of the pages
+        the step completes (one bf16_write_kv, plus a demote_pages_kv on ~1 step in 64 at bs 1 and
+        page 64), or both copies per token when the host lengths are unknown."""
+        meta = self.forward_metadata
+        if meta.fills is None:
+            self.pool.oscar_write(layer_id, k3, v3, meta.plan)
+            return
+        self.pool.oscar_write_bf16(layer_id, k3, v3, meta.plan)
+        self.pool.oscar_fill(layer_id, meta.fills)  # after the BF16 write: the page's last row
 
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
         self._check_layer(layer)

@@ -29,12 +29,12 @@ import torch
 from sglang.srt.constants import GPU_MEMORY_TYPE_KV_CACHE
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 
-from oscar_ray.kernels import PagedKV, int2_write_kv
+from oscar_ray.kernels import PagedKV, bf16_write_kv, demote_pages_kv, int2_write_kv
 from oscar_ray.kernels.layout import int2_zeros
 
 from .settings import SCALE_BYTES, OscarSettings
 from .sharding import RankRotations
-from .tables import ArenaLayout, WritePlan
+from .tables import ArenaLayout, PageFills, WritePlan
 
 logger = logging.getLogger(__name__)
 _SCALE_DTYPES = {2: torch.float16, 4: torch.float32}
@@ -153,6 +153,24 @@ class OscarMHATokenToKVPool(MHATokenToKVPool):
                       self.k_codes[local], self.k_scales[local], self.v_codes[local], self.v_scales[local],
                       self.geometry.group_size, key_bits=self.geometry.key_bits,
                       bf16_copy=(plan.bf16_page, plan.bf16_off, self.k_bf16[local], self.v_bf16[local]))
+
+    def oscar_write_bf16(self, layer_id: int, k: torch.Tensor, v: torch.Tensor, plan: WritePlan) -> None:
+        """The rotated BF16 copies of new rows only (bf16_write_kv, one launch): a decode step whose
+        INT2 copies are written per page when the page fills (oscar_fill), not per token."""
+        local, r_k, r_v_write, _, _ = self._write_args(layer_id)
+        bf16_write_kv(k, v, r_k, r_v_write, plan.bf16_page, plan.bf16_off, self.k_bf16[local], self.v_bf16[local])
+
+    def oscar_fill(self, layer_id: int, fills: PageFills) -> None:
+        """INT2 codes of whole slot pages from the arena pages mirroring them (demote_pages_kv, one
+        launch; none when no page filled).  The arena rows are already rotated, so this clips,
+        quantises and packs only; they are the rotated rows rounded to bf16, so a code can differ
+        from int2_write_kv's by one level where a value sits within bf16 rounding of a boundary."""
+        if fills.count == 0:
+            return
+        local, _, _, k_clip, v_clip = self._write_args(layer_id)
+        demote_pages_kv(self.k_bf16[local], self.v_bf16[local], fills.arena_page, fills.slot_page,
+                        self.k_codes[local], self.k_scales[local], self.v_codes[local], self.v_scales[local],
+                        k_clip, v_clip, self.geometry.group_size, key_bits=self.geometry.key_bits)
 
     def _write_args(self, layer_id: int):
         r_k, r_v, k_clip, v_clip = self.rotations.layer(layer_id)

@@ -2,9 +2,12 @@
 
 Two tiers (shapes of oscar_ray.kernels.layout, page = sglang's --page-size P):
   INT2  one page per sglang slot page: token slot s (from sglang's allocator, `req_to_token`)
-        is (page s // P, offset s % P).  Every token is written here (dual residency), so a page
-        that leaves the BF16 windows needs no demotion copy and a prefix shared through sglang's
-        radix cache (which shares slot ids only) is always readable.
+        is (page s // P, offset s % P).  Every whole page is here (dual residency): extend writes
+        each token's codes, a decode step ("side" form) the page's codes when its token completes
+        the page (plan_fills, from the arena copy) and only the BF16 copy before.  So a page that
+        leaves the BF16 windows needs no demotion copy, and a prefix shared through sglang's radix
+        cache (slot ids of whole pages only) is always readable; a partial tail page, which may
+        lack codes for its decode rows, is always in its own request's window and never shared.
   BF16  an arena of W = S + R + 1 pages per request slot (req_pool_idx) plus one scratch page:
         sink pages j < S at arena page j, recent pages in a ring of R + 1 pages, page j ≥ S at
         S + (j − S) mod (R + 1).  S, R = sink / recent pages of PageGeometry.
@@ -106,6 +109,38 @@ def plan_writes(arena: ArenaLayout, loc: torch.Tensor, positions: torch.Tensor, 
     i32 = torch.int32
     return WritePlan(slot_page.to(i32), torch.remainder(loc, p).to(i32), bf16_page.to(i32),
                      torch.remainder(positions, p).to(i32))
+
+
+@dataclass(frozen=True, slots=True)
+class PageFills:
+    """Slot pages a decode step completes (int32 [F] each) and the arena pages mirroring them."""
+
+    slot_page: torch.Tensor
+    arena_page: torch.Tensor
+
+    @property
+    def count(self) -> int:
+        return int(self.slot_page.shape[0])
+
+
+def plan_fills(plan: WritePlan, seq_lens: torch.Tensor, host_seq_lens, page_size: int) -> PageFills | None:
+    """The pages a decode step's tokens complete: rows whose length after the step is a whole
+    number of pages.  The count comes from the host lengths, so no launch waits on the GPU (a stable
+    argsort puts the F completing rows first); None without host lengths (then the caller writes
+    INT2 per token).  Only whole pages are ever shared: sglang's radix cache inserts page-aligned
+    keys (RadixKey.page_aligned), so a page read from INT2 by another request is always complete.
+    """
+    if host_seq_lens is None:
+        return None
+    host = host_seq_lens.tolist() if isinstance(host_seq_lens, torch.Tensor) else list(host_seq_lens)
+    f = sum(1 for n in host if n % page_size == 0)
+    if f == len(host):
+        return PageFills(plan.int2_page, plan.bf16_page)
+    if f == 0:
+        empty = plan.int2_page[:0]
+        return PageFills(empty, empty)
+    rows = torch.argsort((torch.remainder(seq_lens.to(torch.int64), page_size) != 0).to(torch.int8), stable=True)[:f]
+    return PageFills(plan.int2_page[rows].contiguous(), plan.bf16_page[rows].contiguous())
 
 
 def build_segments(arena: ArenaLayout, req_to_token: torch.Tensor, req_idx: torch.Tensor, lens: torch.Tensor,
