@@ -18,11 +18,11 @@ graphs over input copies that miss L2, medians), in these forms:
   side         oscar_write's launches on the second stream, the rot launch attending the new token from
                its rows (attend_new, kernels/_merge.py): the sglang backend's decode step ("side"),
                which joins at the next forward (more overlap than here)
-  side bf16    bf16_write_kv alone on the second stream, attend_new: the sglang "side" step since
+  side-bf16    bf16_write_kv alone on the second stream, attend_new: the sglang "side" step since
                the INT2 codes are written per page (a step whose token completes no page)
-  side fill    side bf16 + demote_pages_kv of one page after it on the second stream: a step whose
+  side-fill    side-bf16 + demote_pages_kv of one page after it on the second stream: a step whose
                token completes its page (1 step in 64 per request at page 64); the amortised step
-               cost, side bf16 + P(fill) x the difference, is tabled after the main table
+               cost, side-bf16 + P(fill) x the difference, is tabled after the main table
   rot serial   rot with the BF16 tier's launch after the CUDA INT2 tier (overlap_tiers=False; the
                others run it beside the INT2 tier)
   sglang serial  sglang, in series likewise (the writer programs' cost before the overlap)
@@ -47,7 +47,7 @@ from oscar_ray.kernels.decode_attention import _decode_stage1_kernel  # noqa: E4
 from oscar_ray.kernels.side_stream import SideStream  # noqa: E402
 from oscar_ray.kernels.synthetic import random_mixed_cache  # noqa: E402
 
-FORMS = ["rot", "ring", "rot+bf16", "sglang", "separate", "bf16 side", "side", "side bf16", "side fill", "rot serial",
+FORMS = ["rot", "ring", "rot+bf16", "sglang", "separate", "bf16 side", "side", "side-bf16", "side-fill", "rot serial",
          "sglang serial"]
 PAGE = 64  # the serving page (oscar_ray/_defaults.py PAGE_SIZE): a request completes a page every 64 steps
 
@@ -97,9 +97,9 @@ def bench(batch: int, ctx: int, args, device: str) -> list[str]:
         def call(c):
             if form == "side":
                 side.run(lambda: int2(c, both=True))
-            elif form == "side bf16":
+            elif form == "side-bf16":
                 side.run(lambda: bf16(c))
-            elif form == "side fill":
+            elif form == "side-fill":
                 side.run(lambda: (bf16(c), fill(c)))
             elif form == "bf16 side":
                 side.run(lambda: int2(c))
@@ -118,12 +118,12 @@ def bench(batch: int, ctx: int, args, device: str) -> list[str]:
 
 
 def amortised(batch: int, med: dict[str, float]) -> list[str] | None:
-    """The sglang side step per decode step: side bf16 plus the fill launch on the share of steps
+    """The sglang side step per decode step: side-bf16 plus the fill launch on the share of steps
     where at least one of `batch` requests completes a page (lengths spread evenly: 1 - (1 - 1/64)^B)."""
-    if not {"rot", "side bf16", "side fill"} <= med.keys():
+    if not {"rot", "side-bf16", "side-fill"} <= med.keys():
         return None
     p_fill = 1 - (1 - 1 / PAGE) ** batch
-    step = med["side bf16"] + p_fill * (med["side fill"] - med["side bf16"])
+    step = med["side-bf16"] + p_fill * (med["side-fill"] - med["side-bf16"])
     write = step - med["rot"]
     return [str(batch), f"{p_fill:.3f}", f"{step:.1f}", f"{write:+.1f}", f"{100 * write / med['rot']:.1f}%"]
 
@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     results = [bench(b, args.context, args, device) for b in args.batches]
     rows = [r for r, _ in results]
     amort = [a for a in (amortised(b, m) for b, (_, m) in zip(args.batches, results)) if a]
-    amort_lines = (["Amortised sglang side step (page 64): side bf16 + P(fill) x (side fill - side bf16), "
+    amort_lines = (["Amortised sglang side step (page 64): side-bf16 + P(fill) x (side-fill - side-bf16), "
                     "µs of medians; write = step - rot, and its share of rot.", "",
                     *_table(["batch", "P(fill)", "step µs", "write µs", "write / rot"], amort), ""]
                    if amort else [])
