@@ -1,10 +1,11 @@
 """SideStream: launches run on a second CUDA stream beside the current one, joined when read.
 
 Two users.  int2_decode_attention runs the BF16 tier's launch beside the CUDA INT2 tier and joins
-before the merge, which reads both.  The sglang backend runs a decode step's INT2 copy
-(int2_write_kv, 8.7-9.4 µs per layer and step at bs 1-32 on an H100, decode_h200.md) beside the
-attention and joins at the next forward: the step attends its new token from the BF16 copy, and the
-INT2 copy is first read when the window moves on or by a radix-cache hit.  Both leave most SMs idle
+before the merge, which reads both.  The sglang backend runs a decode step's writes (the BF16
+copy, and the INT2 codes of the pages the step completes; the per-token INT2 write they replace was
+8.7-9.4 µs per layer and step at bs 1-32 on an H100, decode_h200.md) beside the attention and joins
+at the next forward: the step attends its new token from its rows, and the INT2 codes are first
+read when the window moves on or by a radix-cache hit.  Both leave most SMs idle
 at small batches (bs 1: 8 KV heads x a few splits of CTAs), which the side work fills.
 
 Ordering: `run` makes the side stream wait for everything queued on the current stream so far (the

@@ -73,7 +73,9 @@ def _host_max(values, fallback: torch.Tensor) -> int:
 # batch 1 / 8 / 32, benchmarks/append_cost.py, 2026-12-07): launch +7.2 / +18.7 / +39.2 (its in-launch
 # rotation alone +8.8 / +8.8 / +28.3: the owning split rotates in series with its attention); separate
 # +10.1 / +8.9 / +9.0; side with bf16_write_kv still before the attention +3.3 / +3.5 / +0.0, of which
-# that launch was ~2.5 µs at bs 1, so "side" now moves it beside the attention too.
+# that launch was ~2.5 µs at bs 1, so "side" moved it beside the attention too; both copies per token
+# beside it: +4.0 / +3.7 / +5.9 (adb14cb).  Since b0b37c7 "side" writes INT2 codes per completed page
+# (benchmarks/append_cost.py forms side-bf16 / side-fill give its amortised cost).
 # "side" is the default (without CUDA: the same launches in series, before the attention).
 DECODE_WRITE_FORMS = ("side", "launch", "separate")
 DEFAULT_DECODE_WRITE = "side"
