@@ -74,8 +74,8 @@ def _host_max(values, fallback: torch.Tensor) -> int:
 # rotation alone +8.8 / +8.8 / +28.3: the owning split rotates in series with its attention); separate
 # +10.1 / +8.9 / +9.0; side with bf16_write_kv still before the attention +3.3 / +3.5 / +0.0, of which
 # that launch was ~2.5 µs at bs 1, so "side" moved it beside the attention too; both copies per token
-# beside it: +4.0 / +3.7 / +5.9 (adb14cb).  Since b0b37c7 "side" writes INT2 codes per completed page
-# (benchmarks/append_cost.py forms side-bf16 / side-fill give its amortised cost).
+# beside it: +4.0 / +3.7 / +5.9 (adb14cb), +3.5 / +3.2 / +5.3 as one fused launch (20db1a4).  Since
+# b0b37c7 "side" writes INT2 codes per completed page: +1.5 / +2.8 / +3.5 amortised (9.0 / 5.6 / 2.4%).
 # "side" is the default (without CUDA: the same launches in series, before the attention).
 DECODE_WRITE_FORMS = ("side", "launch", "separate")
 DEFAULT_DECODE_WRITE = "side"
