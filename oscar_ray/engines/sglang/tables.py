@@ -129,6 +129,10 @@ def plan_fills(plan: WritePlan, seq_lens: torch.Tensor, host_seq_lens, page_size
     argsort puts the F completing rows first); None without host lengths (then the caller writes
     INT2 per token).  Only whole pages are ever shared: sglang's radix cache inserts page-aligned
     keys (RadixKey.page_aligned), so a page read from INT2 by another request is always complete.
+    Assumed: a page holding decode rows is completed by a decode step, never by a later extend of
+    the same request (sglang 0.5.23 has no such path outside speculative decoding, which the
+    backend refuses); such an extend would write codes for its own rows only.  The count varies by
+    step, so a CUDA-graph decode path would need a fixed-size form of this (the backend has none).
     """
     if host_seq_lens is None:
         return None
