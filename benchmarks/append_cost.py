@@ -42,6 +42,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from decode_attention import (D, HKV, HQ, RECENT, SINK, _cache_copies, _commit, _fmt,  # noqa: E402
                               _free_int2_slots, _table, time_calls)
 
+from oscar_ray._defaults import PAGE_SIZE as PAGE  # noqa: E402  (the serving page: a request completes one every 64 steps)
 from oscar_ray.kernels import bf16_write_kv, demote_pages_kv, int2_decode_attention, int2_write_kv  # noqa: E402
 from oscar_ray.kernels.decode_attention import _decode_stage1_kernel  # noqa: E402
 from oscar_ray.kernels.side_stream import SideStream  # noqa: E402
@@ -49,7 +50,6 @@ from oscar_ray.kernels.synthetic import random_mixed_cache  # noqa: E402
 
 FORMS = ["rot", "ring", "rot+bf16", "sglang", "separate", "bf16 side", "side", "side-bf16", "side-fill", "rot serial",
          "sglang serial"]
-PAGE = 64  # the serving page (oscar_ray/_defaults.py PAGE_SIZE): a request completes a page every 64 steps
 
 
 def bench(batch: int, ctx: int, args, device: str) -> list[str]:
@@ -119,7 +119,7 @@ def bench(batch: int, ctx: int, args, device: str) -> list[str]:
 
 def amortised(batch: int, med: dict[str, float]) -> list[str] | None:
     """The sglang side step per decode step: side-bf16 plus the fill launch on the share of steps
-    where at least one of `batch` requests completes a page (lengths spread evenly: 1 - (1 - 1/64)^B)."""
+    where at least one of `batch` requests completes a page (lengths spread evenly: 1 - (1 - 1/PAGE)^B)."""
     if not {"rot", "side-bf16", "side-fill"} <= med.keys():
         return None
     p_fill = 1 - (1 - 1 / PAGE) ** batch
@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     results = [bench(b, args.context, args, device) for b in args.batches]
     rows = [r for r, _ in results]
     amort = [a for a in (amortised(b, m) for b, (_, m) in zip(args.batches, results)) if a]
-    amort_lines = (["Amortised sglang side step (page 64): side-bf16 + P(fill) x (side-fill - side-bf16), "
+    amort_lines = ([f"Amortised sglang side step (page {PAGE}): side-bf16 + P(fill) x (side-fill - side-bf16), "
                     "µs of medians; write = step - rot, and its share of rot.", "",
                     *_table(["batch", "P(fill)", "step µs", "write µs", "write / rot"], amort), ""]
                    if amort else [])

@@ -120,12 +120,14 @@ class OscarAttnBackend(AttentionBackend):
         max_len = _host_max(getattr(fb, "seq_lens_cpu", None), fb.seq_lens)
         max_pages = -(-max_len // pool.page_size)
         if mode.is_decode():
+            form = self._decode_form()  # a bad decode_write is refused before the tags change
             # one new token per request at position seq_len - 1, already counted in seq_lens
             plan = plan_writes(pool.arena, fb.out_cache_loc, fb.seq_lens - 1, fb.req_pool_indices, fb.seq_lens,
                                pool.slot_owner, pool.ring_tag)
             seg = build_segments(pool.arena, self.req_to_token, fb.req_pool_indices, fb.seq_lens,
                                  pool.slot_owner, pool.ring_tag, max_pages)
-            fills = plan_fills(plan, fb.seq_lens, getattr(fb, "seq_lens_cpu", None), pool.page_size)
+            fills = (plan_fills(plan, fb.seq_lens, getattr(fb, "seq_lens_cpu", None), pool.page_size)
+                     if form == "side" else None)  # only the side form writes INT2 per completed page
             self.forward_metadata = OscarForwardMetadata(plan, seg, None, 1, max_len=max_len, fills=fills)
             return
         if not mode.is_extend():
@@ -199,11 +201,7 @@ class OscarAttnBackend(AttentionBackend):
         attend = dict(k_rotation=r_k, v_rotation=r_v, sm_scale=layer.scaling,
                       max_int2_len=self.forward_metadata.max_len)
         k3, v3 = k.reshape(-1, hkv, d), v.reshape(-1, hkv, d)
-        form = DEFAULT_DECODE_WRITE if self.decode_write == "auto" else self.decode_write
-        if form not in DECODE_WRITE_FORMS:
-            raise ValueError(f"decode_write must be 'auto' or one of {DECODE_WRITE_FORMS}, got {form!r}")
-        if self.pool.geometry.recent_pages == 0:
-            form = "separate"  # the new token may be INT2 history (module docstring)
+        form = self._decode_form()
         if form == "launch":  # both copies inside the attention launch, by its writer programs
             _, _, k_clip, v_clip = self.pool.rotations.layer(layer.layer_id)
             attend.update(append_k=k3, append_v=v3, rotate_append=True,
@@ -217,6 +215,15 @@ class OscarAttnBackend(AttentionBackend):
         o = int2_decode_attention(q.reshape(-1, hq, d), self.pool.paged_kv(layer.layer_id),
                                   self.forward_metadata.segments, **attend)
         return add_value_mean(o, mu_v).to(q.dtype).reshape(-1, hq * d)
+
+    def _decode_form(self) -> str:
+        """The decode write form this backend uses now (decode_write resolved; see the module docstring)."""
+        form = DEFAULT_DECODE_WRITE if self.decode_write == "auto" else self.decode_write
+        if form not in DECODE_WRITE_FORMS:
+            raise ValueError(f"decode_write must be 'auto' or one of {DECODE_WRITE_FORMS}, got {form!r}")
+        if self.pool.geometry.recent_pages == 0:
+            return "separate"  # the new token may be INT2 history (module docstring)
+        return form
 
     def _side_write(self, layer_id: int, k3, v3) -> None:
         """The "side" form's launches: the BF16 copy every step and the INT2 codes of the pages
