@@ -2,7 +2,7 @@
 
     python3 benchmarks/ncu_decode.py BATCH CTX BLOCK_N WARPS STAGES SPLITS [--layout head-pages] [--copies 2] [--read-only]
 
-BLOCK_N / WARPS / STAGES are the Triton stage 1's; --layout / --copies / --read-only pick the CUDA
+BLOCK_N / WARPS / STAGES are the Triton stage 1's; SPLITS 0 takes the launcher's default split rule; --layout / --copies / --read-only pick the CUDA
 tier's variant (decode_cuda_sweep.py's meanings: copies 1 half_rows, 2 bulk; read_only the copy
 ceiling), so one device call can profile the default ring beside its ceiling and the bulk refills.
 """
@@ -29,5 +29,5 @@ kv, seg = random_mixed_cache([a.ctx - 320] * a.batch, [320] * a.batch, 8, 128, s
 q = torch.randn(a.batch, 32, 128, device="cuda")
 dec.int2_tier_cuda = partial(dec.int2_tier_cuda, half_rows=a.copies == 1, bulk=a.copies == 2, read_only=a.read_only)
 for _ in range(a.calls):
-    int2_decode_attention(q, kv, seg, num_splits=a.splits, block_n=a.block_n, num_warps=a.warps, num_stages=a.stages)
+    int2_decode_attention(q, kv, seg, num_splits=a.splits or None, block_n=a.block_n, num_warps=a.warps, num_stages=a.stages)
 torch.cuda.synchronize()
