@@ -26,7 +26,7 @@ step() {  # step NAME SECONDS CMD...: stdout+stderr to $OUT/NAME.log, exit statu
   echo "$name rc=$? ${secs}s limit, $((SECONDS - t0))s" | tee -a "$OUT/round.txt"
 }
 # ROUND_STEPS picks the steps (they run in this file's order); each call must fit the device's 600 s (the steps' limits add up):
-#   call 1 (default) "ringtest sweep ncu ncuhead": 60 + 360 + 2 x 75 s, the load-path question
+#   call 1 (default) "ringtest sweep ncu ncuhead": 80 + 360 + 2 x 75 s, the load-path question
 #   (the ring variants checked on the card first; ceiling, bulk, layouts; the sweep prints rows as
 #   they come, most important shape first, so a cut loses bs 1 x 16K); "ncuceil" profiles the ceiling;
 #   call 2 "tests": tests/gpu (ring variants first), 220 s, more on an H100;
@@ -34,7 +34,7 @@ step() {  # step NAME SECONDS CMD...: stdout+stderr to $OUT/NAME.log, exit statu
 STEPS=" ${ROUND_STEPS:-ringtest sweep ncu ncuhead} "
 has() { [[ "$STEPS" == *" $1 "* ]]; }
 # 0. the ring variants the sweep times (half_rows, bulk, the ceiling's checksum) against the register path
-has ringtest && step ring_gpu 60 python3 -m pytest -q tests/gpu/test_decode_cuda_ring_gpu.py tests/gpu/test_side_stream_gpu.py tests/gpu/test_rotate_gpu.py tests/gpu/test_write_copy_gpu.py
+has ringtest && step ring_gpu 80 python3 -m pytest -q tests/gpu/test_decode_cuda_ring_gpu.py tests/gpu/test_side_stream_gpu.py tests/gpu/test_rotate_gpu.py tests/gpu/test_write_copy_gpu.py
 # 1. correctness on the hardware (~80-130 s)
 has tests && step tests_gpu 220 python3 -m pytest -q tests/gpu --durations=15
 # 2. what the step's new-row write costs, by form: inside the attention launch, separate, on a side stream (~80-130 s)
