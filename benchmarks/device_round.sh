@@ -26,7 +26,7 @@ step() {  # step NAME SECONDS CMD...: stdout+stderr to $OUT/NAME.log, exit statu
   echo "$name rc=$? ${secs}s limit, $((SECONDS - t0))s" | tee -a "$OUT/round.txt"
 }
 # ROUND_STEPS picks the steps (they run in this file's order); each call must fit the device's 600 s (the steps' limits add up):
-#   call 1 (default) "ringtest sweep ncu ncuhead": 80 + 360 + 2 x 75 s, the load-path question
+#   call 1 (default) "ringtest sweep ncu ncuhead": 80 + 340 + 2 x 75 s, the load-path question
 #   (the ring variants checked on the card first; ceiling, bulk, layouts; the sweep prints rows as
 #   they come, most important shape first, so a cut loses bs 1 x 16K); "ncuceil" profiles the ceiling;
 #   call 2 "tests": tests/gpu (ring variants first), 220 s, more on an H100;
@@ -49,7 +49,7 @@ has decode && step decode_pipe4 170 python3 benchmarks/decode_attention.py --cud
 #    SWEEP_LIMIT / SWEEP_CONFIGS / SWEEP_SHAPES / SWEEP_LAYOUTS narrow it to fit beside other steps;
 #    SWEEP_CEILING=0 leaves the copies-alone rows out, half the rows)
 CEILING=(--ceiling); [[ "${SWEEP_CEILING:-1}" == 0 ]] && CEILING=()
-has sweep && step cuda_sweep "${SWEEP_LIMIT:-360}" python3 benchmarks/decode_cuda_sweep.py --no-triton --skip-check \
+has sweep && step cuda_sweep "${SWEEP_LIMIT:-340}" python3 benchmarks/decode_cuda_sweep.py --no-triton --skip-check \
   "${CEILING[@]}" --layouts ${SWEEP_LAYOUTS:-token head-pages} --configs ${SWEEP_CONFIGS:-4:0:0:2:4:0 4:0:0:2:4:1 4:0:0:2:4:2} \
   --shapes ${SWEEP_SHAPES:-8x131072 8x65536 1x16384} --out "$OUT/cuda.md"
 # 5. (after the sweep, so a call cut short keeps the sweep's rows) the ring's issue rate, stalls and memory traffic at bs 8 x 128K (16 splits: the pipe-4 default),
