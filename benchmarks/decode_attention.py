@@ -32,16 +32,18 @@ from oscar_ray.kernels import decode_cuda
 from oscar_ray.kernels.decode_cuda import cuda_unsupported, default_cuda_splits
 from oscar_ray.kernels.layout import int2_zeros
 from oscar_ray.kernels.synthetic import random_mixed_cache
+from oscar_ray._defaults import PAGE_SIZE
 
-HQ, HKV, D, PAGE = 32, 8, 128, 8  # Qwen3-8B attention geometry
+HQ, HKV, D = 32, 8, 128  # Qwen3-8B attention geometry
 SINK, RECENT = 64, 256  # BF16 tokens per request (OSCAR_SPEC §4)
 L2_BYTES = 192 << 20  # > 3× the H200's 50 MB L2
 
 
 def _layout(args) -> dict:
-    """random_mixed_cache's keywords for --page-layout (head: codes and (s, z) stored head-major)."""
+    """random_mixed_cache's keywords for --page-layout (head: codes and (s, z) stored head-major) and --page."""
     head = getattr(args, "page_layout", "token") == "head"
-    return {"head_major_scales": head, "head_major_codes": head}
+    page = getattr(args, "page", 8)
+    return {"head_major_scales": head, "head_major_codes": head, "int2_page_size": page, "bf16_page_size": page}
 
 
 def _percentiles(samples: list[float]) -> tuple[float, float, float]:
@@ -187,7 +189,8 @@ def _free_int2_slots(kv, seg, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
     free = torch.tensor([p for p in range(kv.k_codes.shape[0]) if p not in used], dtype=torch.int32,
                         device=kv.k_codes.device)
     slot = torch.arange(batch, device=kv.k_codes.device)
-    return free[slot // PAGE % free.numel()].contiguous(), (slot % PAGE).to(torch.int32)
+    page = kv.geometry().int2_page_size
+    return free[slot // page % free.numel()].contiguous(), (slot % page).to(torch.int32)
 
 
 def _sdpa_decode(q, k, v):
@@ -211,15 +214,16 @@ def _sdpa_decode(q, k, v):
 def bench_writes(batch: int, args, device: str) -> list[str]:
     """One decode step's writes per layer: B new K and V rows into the BF16 ring, or fused into INT2,
     each as two single-tensor launches and as one K+V launch (the *_kv kernels); and the demotion of
-    one page per request (two launches), which happens every PAGE = 8 steps."""
+    one page per request (two launches), which happens every `--page` steps."""
+    page = args.page
     x = torch.randn(batch, HKV, D, device=device, dtype=torch.bfloat16)
     r = torch.linalg.qr(torch.randn(D, D, device=device))[0].contiguous()
     slots = torch.arange(batch, device=device, dtype=torch.int32)
     zero = torch.zeros(batch, device=device, dtype=torch.int32)
-    pages, vpages = (torch.zeros(batch, PAGE, HKV, D, device=device, dtype=torch.bfloat16) for _ in "kv")
+    pages, vpages = (torch.zeros(batch, page, HKV, D, device=device, dtype=torch.bfloat16) for _ in "kv")
     head = _layout(args)["head_major_codes"]
-    codes, vcodes = (int2_zeros((batch, PAGE, HKV, D // 4), torch.uint8, device, head) for _ in "kv")
-    scales, vscales = (int2_zeros((batch, PAGE, HKV, 2), args.scale_dtype, device, head) for _ in "kv")
+    codes, vcodes = (int2_zeros((batch, page, HKV, D // 4), torch.uint8, device, head) for _ in "kv")
+    scales, vscales = (int2_zeros((batch, page, HKV, 2), args.scale_dtype, device, head) for _ in "kv")
     # `copies` calls per graph, as a decode step captured for all layers runs them back to back: one
     # call per graph replay would time the graph launch (~8-10 µs on the H200), not the kernels
     two16 = lambda n: [lambda: (bf16_write(x, r, slots, zero, pages), bf16_write(x, r, slots, zero, vpages))] * n
@@ -238,13 +242,14 @@ def bench_writes(batch: int, args, device: str) -> list[str]:
     t16, t16kv, t2, t2kv, t2f, td, tdkv = (time_calls(f, 0, args)
                                            for f in (two16, one16, two2, one2, one2_single, dem, demkv))
     return [str(batch), _fmt(t16), _fmt(t16kv), _fmt(t2), _fmt(t2kv), _fmt(t2f), _fmt(td), _fmt(tdkv),
-            f"{t16kv[1] + tdkv[1] / PAGE:.1f}", f"{tdkv[1] / PAGE:.1f}", f"{t16kv[1] + t2kv[1]:.1f}"]
+            f"{t16kv[1] + tdkv[1] / page:.1f}", f"{tdkv[1] / page:.1f}", f"{t16kv[1] + t2kv[1]:.1f}"]
 
 
-WRITE_HEADER = ["batch", "bf16_write ×2 µs", "bf16_write_kv µs", "int2_write ×2 µs",
+def write_header(page: int) -> list[str]:
+    return ["batch", "bf16_write ×2 µs", "bf16_write_kv µs", "int2_write ×2 µs",
                 "int2_write_kv µs (default: two-pass at N ≤ 64)", "int2_write_kv one-launch µs",
-                "demote ×2 µs", "demote_kv µs", f"torch engine step, unfused µs (bf16_kv + demote_kv/{PAGE})",
-                f"demote_kv/{PAGE} µs (the fused step: this + the decode table's append cost)",
+                "demote ×2 µs", "demote_kv µs", f"torch engine step, unfused µs (bf16_kv + demote_kv/{page})",
+                f"demote_kv/{page} µs (the fused step: this + the decode table's append cost)",
                 "sglang step with separate writes µs (int2_kv + bf16_kv; now inside the decode launch, decode table)"]
 
 
@@ -338,6 +343,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--key-bits", type=int, default=2, choices=[2, 3], help="3: the cache's 3-bit key layout")
     p.add_argument("--page-layout", default="head", choices=["token", "head"],
                    help="INT2 pages' memory order (cache.page_layout, default head: stored head-major)")
+    p.add_argument("--page", type=int, default=None,
+                   help=f"tokens per page, both tiers (default {PAGE_SIZE}, the serving default; --smoke: 8, so its"
+                        " tiny contexts span pages; tables before 2026-12-08 used 8)")
     p.add_argument("--extend-chunk", type=int, default=2048)
     p.add_argument("--replays", type=int, default=20)
     p.add_argument("--repeats", type=int, default=5)
@@ -368,6 +376,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cuda_pipe is not None:  # default_cuda_splits reads it too (4 resident CTAs per SM with the ring)
         decode_cuda.DEFAULT_PIPE = args.cuda_pipe
     args.scale_dtype = getattr(torch, args.scale_dtype)
+    args.page = args.page or (8 if args.smoke else PAGE_SIZE)
     if args.smoke:
         if os.environ.get("TRITON_INTERPRET") != "1":
             p.error("--smoke runs the kernels on the CPU interpreter: set TRITON_INTERPRET=1")
@@ -392,7 +401,7 @@ def main(argv: list[str] | None = None) -> int:
         f"- GPU: {gpu}; date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}",
         f"- torch {torch.__version__}, triton {triton.__version__}, commit {_commit()},"
         f" python {sys.version.split()[0]}",
-        f"- geometry: {HQ} q heads, {HKV} KV heads, d {D}, page {PAGE}; BF16 sink {SINK} + recent {RECENT} tokens,"
+        f"- geometry: {HQ} q heads, {HKV} KV heads, d {D}, page {args.page} (both tiers); BF16 sink {SINK} + recent {RECENT} tokens,"
         f" INT2 rest ({args.key_bits}-bit keys, {args.page_layout}-major pages); scales {str(args.scale_dtype).split('.')[-1]}; decode precision {args.precision}, INT2 tier kernel {args.int2_kernel} (CUDA pipe {decode_cuda.DEFAULT_PIPE}, copies {args.cuda_copies}, tiers overlapped: {args.overlap_tiers}),"
         f" block_n {args.block_n or 'default_block_n'}, warps {args.num_warps} (writes {args.write_warps or 'launcher default'}),"
         f" stages {args.num_stages},"
@@ -409,9 +418,9 @@ def main(argv: list[str] | None = None) -> int:
         " rotate + clip + quantise + pack (K clip 0.96, V none; the sglang pool writes both every step);"
         " ×2 = K and V as two calls, _kv = one call for both (int2: rotation in a launch of its own, then"
         " clip + quantise + pack, for N ≤ 64 rows by default; one-launch = the fused single kernel);"
-        f" demote = one {PAGE}-token page per request, every {PAGE} steps; the torch engine's decode now"
+        f" demote = one {args.page}-token page per request, every {args.page} steps; the torch engine's decode now"
         " fuses the ring write into the decode launch (decode table, append columns).", "",
-        *_table(WRITE_HEADER, writes), "",
+        *_table(write_header(args.page), writes), "",
         f"## Extend (one request, chunk of new tokens over a cached prefix; precision {args.extend_precision})", "",
         "fused = the one-kernel extend (CUDA graph); dequant = gather [prefix ‖ chunk] to the precision's"
         " dtype + SDPA (the CUDA default for chunks of ≥ 64 rows outside graphs), timed eagerly, reading the lengths back (a host"

@@ -28,6 +28,7 @@ from functools import partial
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from oscar_ray._defaults import PAGE_SIZE  # noqa: E402
 from decode_attention import D, HKV, HQ, RECENT, SINK, _commit, _fmt, _cache_copies, _sdpa_decode, _table, time_calls  # noqa: E402
 
 import oscar_ray.kernels.decode_attention as dec  # noqa: E402
@@ -91,7 +92,8 @@ def sweep(batch: int, ctx: int, configs, args) -> list[list[str]]:
     for layout in args.layouts:  # token: [page, token, head, ...] as the pools; head-*: stored [page, head, token, ...]
         kv, seg = random_mixed_cache([n2] * batch, [SINK + RECENT] * batch, HKV, D, scale_dtype=torch.float16,
                                      device="cuda", head_major_scales=layout != "token",
-                                     head_major_codes=layout == "head-pages")
+                                     head_major_codes=layout == "head-pages", int2_page_size=args.page,
+                                     bf16_page_size=args.page)
         tag = "" if layout == "token" else f" [{layout}]"
 
         def run(name, **kw):
@@ -147,6 +149,8 @@ def main() -> int:
     p.add_argument("--ceiling", action="store_true",
                    help="per ring config also time the copies alone (read_only: no INT2 attention, wrong output)")
     p.add_argument("--pipe", type=int, default=None, help="set decode_cuda.DEFAULT_PIPE (the check and default configs)")
+    p.add_argument("--page", type=int, default=PAGE_SIZE,
+                   help=f"tokens per page, both tiers (default {PAGE_SIZE}, the serving default; tables before 2026-12-08 used 8)")
     args = p.parse_args()
     args.smoke = False
     if args.pipe is not None:

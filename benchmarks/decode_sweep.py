@@ -17,8 +17,9 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from decode_attention import (D, HKV, HQ, RECENT, SINK, WRITE_HEADER, _cache_copies, _sdpa_decode,  # noqa: E402
-                              bench_writes, time_calls)
+from decode_attention import (D, HKV, HQ, RECENT, SINK, _cache_copies, _sdpa_decode,  # noqa: E402
+                              bench_writes, time_calls, write_header)
+from oscar_ray._defaults import PAGE_SIZE  # noqa: E402
 
 from oscar_ray.kernels import default_num_splits, int2_decode_attention  # noqa: E402
 from oscar_ray.kernels.synthetic import random_mixed_cache  # noqa: E402
@@ -29,7 +30,7 @@ def sweep_shape(batch: int, ctx: int, configs: list[tuple[int, ...]], args) -> l
     es = torch.finfo(args.scale_dtype).bits // 8
     nbytes = batch * (n2 * HKV * (D // 4 + 2 * es) * 2 + (SINK + RECENT) * HKV * D * 2 * 2) + 2 * batch * HQ * D * 4
     kv, seg = random_mixed_cache([n2] * batch, [SINK + RECENT] * batch, HKV, D, scale_dtype=args.scale_dtype,
-                                 device="cuda")
+                                 device="cuda", int2_page_size=args.page, bf16_page_size=args.page)
     q = torch.randn(batch, HQ, D, device="cuda")
     copies = _cache_copies(kv, seg, max(1, min(32, -(-(192 << 20) // nbytes))))
     rows = []
@@ -76,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--writes", type=int, nargs="*", default=[], help="also time the write kernels at these batches")
     p.add_argument("--out", default=None)
+    p.add_argument("--page", type=int, default=PAGE_SIZE,
+                   help=f"tokens per page, both tiers (default {PAGE_SIZE}, the serving default; tables before 2026-12-08 used 8)")
     p.add_argument("--emit-best", default=None, help="file for the first shape's fastest config as flags")
     args = p.parse_args(argv)
     args.scale_dtype, args.smoke = getattr(torch, args.scale_dtype), False
@@ -94,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
             with open(args.emit_best, "w") as f:
                 f.write(flags + "\n")
     if args.writes:
-        lines += ["", "| " + " | ".join(WRITE_HEADER) + " |", "|" + "---|" * len(WRITE_HEADER)]
+        header = write_header(args.page)
+        lines += ["", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         lines += ["| " + " | ".join(bench_writes(b, args, "cuda")) + " |" for b in args.writes]
     text = "\n".join(lines)
     print(text)

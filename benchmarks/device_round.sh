@@ -31,6 +31,7 @@ step() {  # step NAME SECONDS CMD...: stdout+stderr to $OUT/NAME.log, exit statu
 #   they come, most important shape first, so a cut loses bs 1 x 16K); "ncuceil" profiles the ceiling;
 #   call 2 "tests": tests/gpu (ring variants first), 220 s, more on an H100;
 #   call 3 "append decode": 130 + 170 s, the decode table and the sglang writer-program write.
+#   "decode8": bs 8 at page 8 beside the page-64 table; "ncukern": per-kernel durations at bs 8 (ncu)
 STEPS=" ${ROUND_STEPS:-ringtest sweep ncu ncuhead} "
 has() { [[ "$STEPS" == *" $1 "* ]]; }
 # 0. the ring variants the sweep times (half_rows, bulk, the ceiling's checksum) against the register path
@@ -41,6 +42,9 @@ has tests && step tests_gpu 220 python3 -m pytest -q tests/gpu --durations=15
 has append && step append_cost "${APPEND_LIMIT:-160}" python3 benchmarks/append_cost.py --out "$OUT/append.md" ${APPEND_FORMS:+--forms $APPEND_FORMS}
 # 3. the decode table (no extend) at the default cp.async ring, writes included (~95-150 s)
 has decode && step decode_pipe4 170 python3 benchmarks/decode_attention.py --cuda-pipe 4 --extend-contexts --peak-gbs "$PEAK" --out "$OUT/decode_pipe4.md"
+# 3b. the same at page 8, the page every decode table before 2026-12-08 used (the serving default is 64), bs 8
+has decode8 && step decode_page8 60 python3 benchmarks/decode_attention.py --page 8 --batches 8 --contexts 32768 131072 \
+  --extend-contexts --peak-gbs "$PEAK" --out "$OUT/decode_page8.md"
 # 4. A/B of the INT2 tier in one run: ring copies one token per lane (copies 0), whole sectors
 #    (1: half_rows) or one cp.async.bulk per page run (2: bulk, head-major pages only); the pools'
 #    token-major pages against codes and (s, z) stored head-major (one KV head's rows of a page one
@@ -62,6 +66,11 @@ if command -v ncu > /dev/null; then
   NCU_ARGS=(python3 benchmarks/ncu_decode.py 8 131072 128 4 3 16 --calls 1)
   has ncu && step ncu_ring 75 "${NCU[@]}" "${NCU_ARGS[@]}"
   has ncuceil && step ncu_ceiling 75 "${NCU[@]}" "${NCU_ARGS[@]}" --read-only
+  # each kernel of a decode call at the defaults (page 64, head-major, the launcher's splits): where the time
+  # outside the INT2 tier goes at bs 8 (the BF16 tier, the merge); ncu serialises the launches
+  has ncukern && step ncu_kernels 150 bash -c 'for s in "8 32768" "8 65536" "8 131072" "1 16384"; do echo "== bs ctx: $s"
+    ncu -k "regex:oscar|_decode" --clock-control none --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,launch__grid_size \
+      python3 benchmarks/ncu_decode.py $s 128 4 3 0 --layout head-pages --calls 2; done'
   has ncuhead && step ncu_head_bulk 75 "${NCU[@]}" "${NCU_ARGS[@]}" --layout head-pages --copies 2
 fi
 exit 0

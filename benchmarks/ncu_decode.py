@@ -12,6 +12,7 @@ from functools import partial
 import torch
 
 import oscar_ray.kernels.decode_attention as dec
+from oscar_ray._defaults import PAGE_SIZE
 from oscar_ray.kernels import int2_decode_attention
 from oscar_ray.kernels.synthetic import random_mixed_cache
 
@@ -22,10 +23,12 @@ p.add_argument("--layout", choices=["token", "head-pages"], default="token")
 p.add_argument("--copies", type=int, choices=[0, 1, 2], default=0)
 p.add_argument("--read-only", action="store_true")
 p.add_argument("--calls", type=int, default=2)
+p.add_argument("--page", type=int, default=PAGE_SIZE, help="tokens per page, both tiers (the serving default; 8 before 2026-12-08)")
 a = p.parse_args()
 head = a.layout == "head-pages"
 kv, seg = random_mixed_cache([a.ctx - 320] * a.batch, [320] * a.batch, 8, 128, scale_dtype=torch.float16,
-                             device="cuda", head_major_scales=head, head_major_codes=head)
+                             device="cuda", head_major_scales=head, head_major_codes=head,
+                             int2_page_size=a.page, bf16_page_size=a.page)
 q = torch.randn(a.batch, 32, 128, device="cuda")
 dec.int2_tier_cuda = partial(dec.int2_tier_cuda, half_rows=a.copies == 1, bulk=a.copies == 2, read_only=a.read_only)
 for _ in range(a.calls):
