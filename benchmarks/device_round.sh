@@ -63,7 +63,7 @@ if command -v ncu > /dev/null; then
   NCU=(ncu -k regex:oscar_int2 -c 1 --clock-control none --section SpeedOfLight --section Occupancy
        --section SchedulerStats --section WarpStateStats --section MemoryWorkloadAnalysis
        --section MemoryWorkloadAnalysis_Tables)  # L1TEX requests, sectors, wavefronts per access kind
-  NCU_ARGS=(python3 benchmarks/ncu_decode.py 8 131072 128 4 3 16 --calls 1)
+  NCU_ARGS=(python3 benchmarks/ncu_decode.py 8 131072 128 4 3 16 --calls 1 --layout "${NCU_LAYOUT:-head-pages}")  # the default pages (token: NCU_LAYOUT=token)
   has ncu && step ncu_ring 75 "${NCU[@]}" "${NCU_ARGS[@]}"
   has ncuceil && step ncu_ceiling 75 "${NCU[@]}" "${NCU_ARGS[@]}" --read-only
   # each kernel of a decode call at the defaults (page 64, head-major, the launcher's splits): where the time
@@ -71,6 +71,6 @@ if command -v ncu > /dev/null; then
   has ncukern && step ncu_kernels 150 bash -c 'for s in "8 32768" "8 65536" "8 131072" "1 16384"; do echo "== bs ctx: $s"
     ncu -k "regex:oscar|_decode" --clock-control none --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,launch__grid_size \
       python3 benchmarks/ncu_decode.py $s 128 4 3 0 --layout head-pages --calls 2; done'
-  has ncuhead && step ncu_head_bulk 75 "${NCU[@]}" "${NCU_ARGS[@]}" --layout head-pages --copies 2
+  has ncuhead && step ncu_head_bulk 75 "${NCU[@]}" "${NCU_ARGS[@]}" --copies 2
 fi
 exit 0
