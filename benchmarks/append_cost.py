@@ -58,7 +58,7 @@ def bench(batch: int, ctx: int, args, device: str) -> list[str]:
     # (until 2026-12-07 this ran fp32 scales, token-major: the Triton INT2 tier, one launch, ~2x slower)
     kv, seg = random_mixed_cache([n2] * batch, [SINK + RECENT] * batch, HKV, D, device=device,
                                  scale_dtype=torch.float16, head_major_scales=True, head_major_codes=True,
-                                 int2_page_size=PAGE, bf16_page_size=PAGE)  # until 2026-12-08: page 8
+                                 int2_page_size=PAGE, bf16_page_size=PAGE)  # page 8 before the H200 round of 2026-12-07
     q = torch.randn(batch, HQ, D, device=device)
     new_k, new_v = (torch.randn(batch, HKV, D, device=device) for _ in "kv")
     r_k = torch.linalg.qr(torch.randn(D, D, device=device))[0].contiguous()

@@ -345,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="INT2 pages' memory order (cache.page_layout, default head: stored head-major)")
     p.add_argument("--page", type=int, default=None,
                    help=f"tokens per page, both tiers (default {PAGE_SIZE}, the serving default; --smoke: 8, so its"
-                        " tiny contexts span pages; tables before 2026-12-08 used 8)")
+                        " tiny contexts span pages; tables before the H200 round of 2026-12-07 used 8)")
     p.add_argument("--extend-chunk", type=int, default=2048)
     p.add_argument("--replays", type=int, default=20)
     p.add_argument("--repeats", type=int, default=5)

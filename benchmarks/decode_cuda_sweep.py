@@ -150,7 +150,7 @@ def main() -> int:
                    help="per ring config also time the copies alone (read_only: no INT2 attention, wrong output)")
     p.add_argument("--pipe", type=int, default=None, help="set decode_cuda.DEFAULT_PIPE (the check and default configs)")
     p.add_argument("--page", type=int, default=PAGE_SIZE,
-                   help=f"tokens per page, both tiers (default {PAGE_SIZE}, the serving default; tables before 2026-12-08 used 8)")
+                   help=f"tokens per page, both tiers (default {PAGE_SIZE}, the serving default; tables before the H200 round of 2026-12-07 used 8)")
     args = p.parse_args()
     args.smoke = False
     if args.pipe is not None:

@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--writes", type=int, nargs="*", default=[], help="also time the write kernels at these batches")
     p.add_argument("--out", default=None)
     p.add_argument("--page", type=int, default=PAGE_SIZE,
-                   help=f"tokens per page, both tiers (default {PAGE_SIZE}, the serving default; tables before 2026-12-08 used 8)")
+                   help=f"tokens per page, both tiers (default {PAGE_SIZE}, the serving default; tables before the H200 round of 2026-12-07 used 8)")
     p.add_argument("--emit-best", default=None, help="file for the first shape's fastest config as flags")
     args = p.parse_args(argv)
     args.scale_dtype, args.smoke = getattr(torch, args.scale_dtype), False

@@ -23,7 +23,7 @@ p.add_argument("--layout", choices=["token", "head-pages"], default="token")
 p.add_argument("--copies", type=int, choices=[0, 1, 2], default=0)
 p.add_argument("--read-only", action="store_true")
 p.add_argument("--calls", type=int, default=2)
-p.add_argument("--page", type=int, default=PAGE_SIZE, help="tokens per page, both tiers (the serving default; 8 before 2026-12-08)")
+p.add_argument("--page", type=int, default=PAGE_SIZE, help="tokens per page, both tiers (the serving default; 8 before the H200 round of 2026-12-07)")
 a = p.parse_args()
 head = a.layout == "head-pages"
 kv, seg = random_mixed_cache([a.ctx - 320] * a.batch, [320] * a.batch, 8, 128, scale_dtype=torch.float16,
