@@ -42,7 +42,7 @@ has tests && step tests_gpu 220 python3 -m pytest -q tests/gpu --durations=15
 has append && step append_cost "${APPEND_LIMIT:-160}" python3 benchmarks/append_cost.py --out "$OUT/append.md" ${APPEND_FORMS:+--forms $APPEND_FORMS}
 # 3. the decode table (no extend) at the default cp.async ring, writes included (~95-150 s)
 has decode && step decode_pipe4 170 python3 benchmarks/decode_attention.py --cuda-pipe 4 --extend-contexts --peak-gbs "$PEAK" --out "$OUT/decode_pipe4.md"
-# 3b. the same at page 8, the page every decode table before 2026-12-08 used (the serving default is 64), bs 8
+# 3b. the same at page 8, the page every decode table before the H200 round of 2026-12-07 used (the serving default is 64), bs 8
 has decode8 && step decode_page8 60 python3 benchmarks/decode_attention.py --page 8 --batches 8 --contexts 32768 131072 \
   --extend-contexts --peak-gbs "$PEAK" --out "$OUT/decode_page8.md"
 # 4. A/B of the INT2 tier in one run: ring copies one token per lane (copies 0), whole sectors
