@@ -46,6 +46,13 @@ def _layout(args) -> dict:
     return {"head_major_scales": head, "head_major_codes": head, "int2_page_size": page, "bf16_page_size": page}
 
 
+def add_page_argument(p: argparse.ArgumentParser, default: int | None = PAGE_SIZE, note: str = "") -> None:
+    """--page, the same in every decode benchmark: tokens per page of both tiers."""
+    p.add_argument("--page", type=int, default=default,
+                   help=f"tokens per page, both tiers (default {PAGE_SIZE}, the serving default{note}; tables"
+                        " before the H200 round of 2026-12-07 used 8)")
+
+
 def _percentiles(samples: list[float]) -> tuple[float, float, float]:
     q = statistics.quantiles(samples, n=10)
     return q[1], statistics.median(samples), q[7]
@@ -343,9 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--key-bits", type=int, default=2, choices=[2, 3], help="3: the cache's 3-bit key layout")
     p.add_argument("--page-layout", default="head", choices=["token", "head"],
                    help="INT2 pages' memory order (cache.page_layout, default head: stored head-major)")
-    p.add_argument("--page", type=int, default=None,
-                   help=f"tokens per page, both tiers (default {PAGE_SIZE}, the serving default; --smoke: 8, so its"
-                        " tiny contexts span pages; tables before the H200 round of 2026-12-07 used 8)")
+    add_page_argument(p, default=None, note="; --smoke: 8, so its tiny contexts span pages")
     p.add_argument("--extend-chunk", type=int, default=2048)
     p.add_argument("--replays", type=int, default=20)
     p.add_argument("--repeats", type=int, default=5)

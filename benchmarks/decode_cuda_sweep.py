@@ -28,8 +28,7 @@ from functools import partial
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from oscar_ray._defaults import PAGE_SIZE  # noqa: E402
-from decode_attention import D, HKV, HQ, RECENT, SINK, _commit, _fmt, _cache_copies, _sdpa_decode, _table, time_calls  # noqa: E402
+from decode_attention import D, HKV, HQ, RECENT, SINK, _commit, _fmt, _cache_copies, _sdpa_decode, _table, add_page_argument, time_calls  # noqa: E402
 
 import oscar_ray.kernels.decode_attention as dec  # noqa: E402
 from oscar_ray.kernels import decode_cuda, int2_decode_attention  # noqa: E402
@@ -149,8 +148,7 @@ def main() -> int:
     p.add_argument("--ceiling", action="store_true",
                    help="per ring config also time the copies alone (read_only: no INT2 attention, wrong output)")
     p.add_argument("--pipe", type=int, default=None, help="set decode_cuda.DEFAULT_PIPE (the check and default configs)")
-    p.add_argument("--page", type=int, default=PAGE_SIZE,
-                   help=f"tokens per page, both tiers (default {PAGE_SIZE}, the serving default; tables before the H200 round of 2026-12-07 used 8)")
+    add_page_argument(p)
     args = p.parse_args()
     args.smoke = False
     if args.pipe is not None:

@@ -18,8 +18,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from decode_attention import (D, HKV, HQ, RECENT, SINK, _cache_copies, _sdpa_decode,  # noqa: E402
-                              bench_writes, time_calls, write_header)
-from oscar_ray._defaults import PAGE_SIZE  # noqa: E402
+                              add_page_argument, bench_writes, time_calls, write_header)
 
 from oscar_ray.kernels import default_num_splits, int2_decode_attention  # noqa: E402
 from oscar_ray.kernels.synthetic import random_mixed_cache  # noqa: E402
@@ -77,8 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--writes", type=int, nargs="*", default=[], help="also time the write kernels at these batches")
     p.add_argument("--out", default=None)
-    p.add_argument("--page", type=int, default=PAGE_SIZE,
-                   help=f"tokens per page, both tiers (default {PAGE_SIZE}, the serving default; tables before the H200 round of 2026-12-07 used 8)")
+    add_page_argument(p)
     p.add_argument("--emit-best", default=None, help="file for the first shape's fastest config as flags")
     args = p.parse_args(argv)
     args.scale_dtype, args.smoke = getattr(torch, args.scale_dtype), False
