@@ -10,9 +10,10 @@ warp-instructions per token of one KV head.  With the H200's 4 schedulers x 132 
 72 bytes per token-head (codes + fp16 scales), an issue rate r per scheduler-cycle bounds the
 kernel at r x 1.045e12 / n x 72 B/s (n instructions per token-head):
 
-    .venv/bin/python benchmarks/cuda_sass_count.py [--configs 4:8:4:0 4:8:4:4 ...]   (gqa:page:warps:pipe[:copies])
+    .venv/bin/python benchmarks/cuda_sass_count.py [--configs 4:8:4:0 4:8:4:4 ...]   (gqa:page:warps:pipe[:copies[:lookahead[:min_blocks]]])
 
-copies (ring only): 0 one token per lane (default), 1 half_rows, 2 bulk (head-major pages, cp.async.bulk).
+copies (ring only): 0 one token per lane (default), 1 half_rows, 2 bulk (head-major pages, cp.async.bulk);
+lookahead 1 (ring only): step i + 1's scores beside step i's P'·V; min_blocks 0: the launcher's.
 """
 
 from __future__ import annotations
@@ -84,6 +85,12 @@ def _parse(listing: str):
     return ins, labels
 
 
+def _is_jump(ins_row) -> bool:
+    """An unpredicated branch to a label (the end of an if's side, jumping over its else)."""
+    _, pred, op, ops = ins_row
+    return op == "BRA" and not pred and "(.L_x_" in ops
+
+
 def loop_path(listing: str) -> list[str]:
     """Opcodes on the common path of the largest loop (see the module docstring)."""
     ins, labels = _parse(listing)
@@ -99,6 +106,18 @@ def loop_path(listing: str) -> list[str]:
         if op.startswith("BRA") and not op.startswith("BRA.DIV") and "(.L_x_" in ops:  # .DIV: diverged warps only
             j = labels[target(ops)]
             skipped = [o for _, _, o, _ in ins[i + 1:j]]
+            if pred and head < j <= end and j - 1 > i and _is_jump(ins[j - 1]) and j <= labels[target(ins[j - 1][3])] <= end:
+                # an if / else (the fall-through side ends in a jump past the other): the side with
+                # more MMAs (lookahead's last step has no next-step scores), on a tie the shorter
+                # (a full step's side, without the tail's token masks)
+                k = labels[target(ins[j - 1][3])]
+                other = [o for _, _, o, _ in ins[j:k]]
+                mmas = lambda ops_: sum(o.startswith("HMMA") for o in ops_)  # noqa: E731
+                if (mmas(other), -len(other)) > (mmas(skipped[:-1]), -len(skipped[:-1])):
+                    i = j
+                    continue
+                i += 1
+                continue
             fmul_block = head < j <= end and skipped and sum(o.startswith("FMUL") for o in skipped) > len(skipped) / 2
             rare = head < j <= end and i > 0 and ins[i - 1][2].startswith("VOTE.ANY")  # if (__any_sync(big))
             if not pred or fmul_block or rare:
@@ -118,17 +137,18 @@ def _class(op: str) -> str:
     return "int/other"
 
 
-def report(gqa: int, page: int, warps: int, pipe: int, copies: int = 0) -> str:
+def report(gqa: int, page: int, warps: int, pipe: int, copies: int = 0, lookahead: int = 0, min_blocks: int = 0) -> str:
     bulk = copies == 2
-    listing, regs = sass(decode_cuda.kernel_source(gqa, page, warps, pipe=pipe, half_rows=copies == 1, bulk=bulk,
-                                                   code_tok=32 if bulk else 256, scale_tok=2 if bulk else 16))
+    listing, regs = sass(decode_cuda.kernel_source(gqa, page, warps, min_blocks or None, pipe=pipe, half_rows=copies == 1,
+                                                   bulk=bulk, code_tok=32 if bulk else 256, scale_tok=2 if bulk else 16,
+                                                   lookahead=bool(lookahead)))
     path = loop_path(listing)
     tokens = decode_cuda.STEP * (1 if pipe else 2)  # the register path's loop body is two steps
     per = len(path) / tokens
     classes = collections.Counter(_class(op) for op in path)
     mix = ", ".join(f"{k} {v / tokens:.2f}" for k, v in classes.most_common())
     bound = lambda r: r * ISSUE_PER_S / per * BYTES_PER_TOKEN_HEAD / 1e12  # noqa: E731
-    return (f"| {gqa}:{page}:{warps}:{pipe}:{copies} | {regs} | {len(path)} / {tokens} | {per:.1f} | "
+    return (f"| {gqa}:{page}:{warps}:{pipe}:{copies}:{lookahead}:{min_blocks} | {regs} | {len(path)} / {tokens} | {per:.1f} | "
             f"{bound(1.0):.2f} / {bound(0.43):.2f} | {mix} |")
 
 
@@ -136,7 +156,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--configs", nargs="+", default=["4:8:4:0", "4:8:4:4", "4:8:4:3", "12:8:4:0", "4:8:2:6"])
     args = p.parse_args()
-    print("| gqa:page:warps:pipe:copies | registers | loop path instr / tokens | per token-head | TB/s at 1.0 / 0.43 "
+    print("| gqa:page:warps:pipe:copies:lookahead:min_blocks | registers | loop path instr / tokens | per token-head | TB/s at 1.0 / 0.43 "
           "issue per scheduler-cycle | per token-head by class |")
     print("|---|---|---|---|---|---|")
     for c in args.configs:

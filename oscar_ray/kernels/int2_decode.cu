@@ -14,6 +14,8 @@ typedef unsigned int u32;
 #define HALF_ROWS __HALF_ROWS__
 #define READ_ONLY __READ_ONLY__  // benchmarks' copy ceiling: the ring's copies and waits, no attention
 #define BULK __BULK__  // ring refills by cp.async.bulk, one per page run (head-major pages, sm_90)
+#define LOOKAHEAD __LOOKAHEAD__  // ring: step i + 1's scores beside step i's P'·V (the ring loop)
+#define LA (LOOKAHEAD && PIPE && !READ_ONLY)
 #define STEP_BYTES __STEP_BYTES__
 #define S_TOK __S_TOK__
 #define D 128
@@ -109,15 +111,18 @@ oscar_int2_decode_d128(const float* __restrict__ q, const unsigned char* __restr
         l[nt][0] = l[nt][1] = lr[nt][0] = lr[nt][1] = zs[nt][0] = zs[nt][1] = 0.0f;
     }
 
-    // one 32-token step (two tiles) of this warp: scores, online softmax, P'·V
-    // vslot (PIPE): the step's ring slot, from which each tile's V code words are read right before
-    // its P'·V MMAs, so they are not live across the scores (the register path keeps them in T)
+    // one 32-token step (two tiles) of this warp: scores, online softmax, P'·V, as three parts so
+    // that LOOKAHEAD can put step i + 1's scores beside step i's P'·V (see the ring loop)
     // tail (a literal at each call, so each inlined copy folds it): true only for a step reaching
     // past end; a full step, every step but a warp's last, skips the token masks (4 ISETP + 16 FSEL)
-    auto process = [&](const Tile (&T)[2], const int n0, const unsigned char* vslot, const bool tail) {
-        // scores S^T[token, head] of both tiles
-        float s[2][NT][4];
+    struct Scores {
+        float s[2][NT][4];           // u = score − mr of S^T[token, head], both tiles (log2 units)
         float vsc[2][2], vzc[2][2];  // V (s, z) of tokens g, g + 8, 0 when masked
+    };
+    auto scores = [&](const Tile (&T)[2], const int n0, const bool tail, Scores& S) {
+        float (&s)[2][NT][4] = S.s;
+        float (&vsc)[2][2] = S.vsc;
+        float (&vzc)[2][2] = S.vzc;
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt) {
 #pragma unroll
@@ -155,6 +160,9 @@ oscar_int2_decode_d128(const float* __restrict__ q, const unsigned char* __restr
                 }
             }
         }
+    };
+    auto rescale = [&](Scores& S) {
+        float (&s)[2][NT][4] = S.s;
         // online softmax with a lazy reference: p = 2^(score - m) against the running reference m, which
         // moves only when a score exceeds it by more than RESCALE_SLACK (p <= 2^8: exact in fp32 / bf16
         // range, l and acc stay consistent with m; the merge only needs (m, l, acc) to agree).  The
@@ -194,6 +202,13 @@ oscar_int2_decode_d128(const float* __restrict__ q, const unsigned char* __restr
                 }
             }
         }
+    };
+    // vslot (PIPE): the step's ring slot, from which each tile's V code words are read right before
+    // its P'·V MMAs, so they are not live across the scores (the register path keeps them in T)
+    auto pv = [&](const Scores& S, const Tile (&T)[2], const unsigned char* vslot) {
+        const float (&s)[2][NT][4] = S.s;
+        const float (&vsc)[2][2] = S.vsc;
+        const float (&vzc)[2][2] = S.vzc;
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt) {
             u32 b0[NT], b1[NT];
@@ -239,6 +254,12 @@ oscar_int2_decode_d128(const float* __restrict__ q, const unsigned char* __restr
                 }
             }
         }
+    };
+    auto process = [&](const Tile (&T)[2], const int n0, const unsigned char* vslot, const bool tail) {
+        Scores S;
+        scores(T, n0, tail, S);
+        rescale(S);
+        pv(S, T, vslot);
     };
     auto step = [&](const Tile (&T)[2], const int n0, const unsigned char* vslot) {  // the tail dispatch
         if (n0 + 32 <= end) process(T, n0, vslot, false);
@@ -336,9 +357,59 @@ oscar_int2_decode_d128(const float* __restrict__ q, const unsigned char* __restr
     __syncwarp();
 #endif
     const int steps = (end - (start + warp * 32) + stride - 1) / stride;  // may be <= 0
+    // LOOKAHEAD keeps a slot one step longer (step i's V words are read after step i + 1's K words):
+    // the prologue fills all PIPE slots and PIPE - 2 steps are in flight while one computes
+    constexpr int AHEAD = LA ? PIPE : PIPE - 1;
 #pragma unroll
-    for (int i = 0; i < PIPE - 1; ++i) issue(i, page_of(i));
-    Pages pg_next = page_of(PIPE - 1);
+    for (int i = 0; i < AHEAD; ++i) issue(i, page_of(i));
+    Pages pg_next = page_of(AHEAD);
+#if LA
+    auto ring_tile = [&](Tile (&T)[2], const unsigned char* slot) {  // a step's K words and (s, z) pairs
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+            const int r0 = 16 * mt;
+            T[mt].k_lo = *(const uint2*)(slot + (r0 + g) * 32 + 8 * t);
+            T[mt].k_hi = *(const uint2*)(slot + (r0 + g + 8) * 32 + 8 * t);
+            T[mt].ksz[0] = *(const u32*)(slot + 2048 + (r0 + g) * 4);
+            T[mt].ksz[1] = *(const u32*)(slot + 2048 + (r0 + g + 8) * 4);
+            T[mt].vsz[0] = *(const u32*)(slot + 2176 + (r0 + g) * 4);
+            T[mt].vsz[1] = *(const u32*)(slot + 2176 + (r0 + g + 8) * 4);
+        }
+    };
+    // Step i + 1's scores (K words, unpack, the 8-MMA chain per tile, the fixup) are issued in the same
+    // basic block as step i's P'·V (ex2, movmatrix, V unpack, 16 independent MMAs per tile), so the
+    // warp's in-order issue has independent work behind each dependent MMA of the K chain instead of
+    // waiting out its latency; the online-softmax vote for step i comes first, as it must precede
+    // step i's P'·V.  Same arithmetic in the same order as the loop below: bit-equal partials.
+    Tile T[2];
+    Scores S;
+    if (steps > 0) {
+        wait_step(0);
+        __syncwarp();
+        ring_tile(T, ring);
+        if (start + warp * 32 + 32 <= end) scores(T, start + warp * 32, false, S);
+        else scores(T, start + warp * 32, true, S);
+    }
+    for (int i = 0; i < steps; ++i) {
+        const unsigned char* slot = ring + (i % PIPE) * STEP_BYTES;
+        rescale(S);
+        if (i + 1 < steps) {
+            wait_step(i + 1);
+            __syncwarp();
+            ring_tile(T, ring + ((i + 1) % PIPE) * STEP_BYTES);
+            const int n1 = start + warp * 32 + (i + 1) * stride;
+            Scores S1;
+            if (n1 + 32 <= end) { pv(S, T, slot); scores(T, n1, false, S1); }
+            else { pv(S, T, slot); scores(T, n1, true, S1); }
+            S = S1;
+        } else {
+            pv(S, T, slot);
+        }
+        __syncwarp();  // every lane is done with slot i % PIPE (step i's V words) before it is refilled
+        issue(i + PIPE, pg_next);
+        pg_next = page_of(i + PIPE + 1);
+    }
+#else
 #if READ_ONLY
     // benchmarks' copy ceiling: the same copies, waits and refills with the attention left out, what
     // the load path alone sustains.  An XOR of each token's 72 bytes keeps the reads observable (the
@@ -376,6 +447,7 @@ oscar_int2_decode_d128(const float* __restrict__ q, const unsigned char* __restr
         step(T, start + warp * 32 + i * stride, slot);
 #endif
     }
+#endif  // LA
     cp_wait<0>();
 #if READ_ONLY
 #pragma unroll

@@ -1,7 +1,7 @@
 """The CUDA INT2 tier's ring variants on the hardware (Qwen3-8B geometry: 8 KV heads, GQA 4, d 128).
 
 Small and first in tests/gpu (a device call may end before test_kernels_gpu.py's later tests):
-half_rows and bulk refills against the register path, and the read_only copy ceiling's checksum,
+half_rows and bulk refills and the lookahead loop against the register path, and the read_only copy ceiling's checksum,
 so a device round that times them has also checked them.  Skipped without CUDA.
 """
 
@@ -42,7 +42,8 @@ def test_ring_refills_equal_the_register_path_cuda(seed, page):
     q = torch.randn(len(INT2), HKV * G, D, device="cuda")
     ref = _partials(q, kv, seg, pipe=0)
     assert not ref[0].isnan().any()
-    for opts in ({"pipe": 4}, {"pipe": 4, "half_rows": True}, {"pipe": 4, "bulk": True}, {"pipe": 3, "bulk": True}):
+    for opts in ({"pipe": 4}, {"pipe": 4, "half_rows": True}, {"pipe": 4, "bulk": True}, {"pipe": 3, "bulk": True},
+                 {"pipe": 4, "lookahead": True}, {"pipe": 5, "lookahead": True}, {"pipe": 5, "bulk": True, "lookahead": True}):
         for a, b in zip(ref, _partials(q, kv, seg, **opts)):
             assert_close_verbose(b, a, 1e-6, 1e-6, what=str(opts))
     ref_o = decode_attention_reference(q, kv, seg)

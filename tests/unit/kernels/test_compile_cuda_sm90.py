@@ -53,12 +53,15 @@ def _compile(lib, source: str) -> bytes:
     return ptx.value
 
 
-@pytest.mark.parametrize("gqa, page, warps, pipe, half_rows", [
-    (1, 8, 4, 0, False), (3, 16, 4, 0, False), (4, 8, 4, 0, False), (4, 64, 4, 0, False), (8, 8, 4, 0, False),
-    (12, 8, 4, 0, False), (16, 32, 4, 0, False), (4, 8, 8, 0, False), (4, 8, 2, 0, False), (4, 8, 4, 4, False),
-    (12, 16, 4, 3, False), (1, 8, 2, 6, False), (4, 8, 4, 4, True), (4, 16, 2, 6, True)])
-def test_cuda_decode_compiles_for_sm90_without_spills(tmp_path, gqa, page, warps, pipe, half_rows):
-    ptx = _compile(_nvrtc(), decode_cuda.kernel_source(gqa, page, warps, pipe=pipe, half_rows=half_rows))
+@pytest.mark.parametrize("gqa, page, warps, pipe, half_rows, lookahead", [
+    (1, 8, 4, 0, False, False), (3, 16, 4, 0, False, False), (4, 8, 4, 0, False, False), (4, 64, 4, 0, False, False),
+    (8, 8, 4, 0, False, False), (12, 8, 4, 0, False, False), (16, 32, 4, 0, False, False), (4, 8, 8, 0, False, False),
+    (4, 8, 2, 0, False, False), (4, 8, 4, 4, False, False), (12, 16, 4, 3, False, False), (1, 8, 2, 6, False, False),
+    (4, 8, 4, 4, True, False), (4, 16, 2, 6, True, False), (4, 64, 4, 4, False, True), (4, 64, 4, 5, False, True),
+    (12, 16, 4, 4, False, True)])
+def test_cuda_decode_compiles_for_sm90_without_spills(tmp_path, gqa, page, warps, pipe, half_rows, lookahead):
+    ptx = _compile(_nvrtc(), decode_cuda.kernel_source(gqa, page, warps, pipe=pipe, half_rows=half_rows,
+                                                       lookahead=lookahead))
     assert decode_cuda.KERNEL_NAME.encode() in ptx
     (tmp_path / "k.ptx").write_bytes(ptx)
     out = subprocess.run([_ptxas(), "-arch=sm_90", "-v", "-o", str(tmp_path / "k.cubin"), str(tmp_path / "k.ptx")],
@@ -101,15 +104,16 @@ def test_bulk_ring_compiles_for_sm90_without_spills(tmp_path, gqa, page, warps, 
     assert regs <= 65536 // (32 * warps * decode_cuda._min_blocks(-(-gqa // 8), warps, pipe)), info
 
 
-@pytest.mark.parametrize("gqa, pipe", [(4, 0), (4, 4), (12, 0)])
-def test_sass_cost_model_walks_the_main_loop(gqa, pipe):
+@pytest.mark.parametrize("gqa, pipe, lookahead", [(4, 0, False), (4, 4, False), (12, 0, False), (4, 4, True)])
+def test_sass_cost_model_walks_the_main_loop(gqa, pipe, lookahead):
     # benchmarks/cuda_sass_count.py's walk of the loop's common path: a 32-token step is 16 QK and 16
-    # PV MMAs per n-tile, and the register path's loop body holds two steps
+    # PV MMAs per n-tile, and the register path's loop body holds two steps (lookahead's body: step
+    # i's P'·V and step i + 1's scores, an if / else whose last-step side has the P'·V alone)
     _nvrtc(), _ptxas()
     sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
     import cuda_sass_count
 
-    listing, _ = cuda_sass_count.sass(decode_cuda.kernel_source(gqa, 8, 4, pipe=pipe))
+    listing, _ = cuda_sass_count.sass(decode_cuda.kernel_source(gqa, 8, 4, pipe=pipe, lookahead=lookahead))
     path = cuda_sass_count.loop_path(listing)
     steps, nt = (1 if pipe else 2), -(-gqa // 8)
     assert sum(op.startswith("HMMA") for op in path) == 32 * steps * nt

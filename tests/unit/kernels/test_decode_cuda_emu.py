@@ -79,7 +79,8 @@ def test_cuda_tier_head_major_pages(cuda_tier, seed, g, page, pipe, codes, half_
 
 
 @pytest.mark.parametrize("opts", [{"warps": 1}, {"warps": 2}, {"warps": 8}, {"shiftless": 0}, {"shiftless": 1}, {"half_rows": True}, {"half_rows": True, "warps": 2, "pipe": 6},
-                                  {"pipe": 0}, {"pipe": 0, "warps": 2}, {"pipe": 4}, {"pipe": 5, "warps": 2}])
+                                  {"pipe": 0}, {"pipe": 0, "warps": 2}, {"pipe": 4}, {"pipe": 5, "warps": 2},
+                                  {"lookahead": True}, {"lookahead": True, "pipe": 3, "warps": 1}])
 def test_cuda_tier_launcher_options(cuda_tier, seed, opts):
     kv, seg, q = _cache(4, 16, [600, 33, 0], [70, 0, 9], seed)
     cuda_tier.update(opts)
@@ -92,10 +93,10 @@ def test_cuda_copies_selects_the_refill(cuda_tier, seed, copies, monkeypatch):
     kv, seg, q = _cache(4, 8, [600, 33, 0], [70, 0, 9], seed, head_major_scales=True, head_major_codes=True)
     seen = []
     run = cuda_emu.run
-    monkeypatch.setattr(cuda_emu, "run", lambda plan, early: (seen.append(plan.source_args[-3:]), run(plan, early)))
+    monkeypatch.setattr(cuda_emu, "run", lambda plan, early: (seen.append(plan.source_args[-4:-1]), run(plan, early)))
     out = int2_decode_attention(q, kv, seg, num_splits=3, bf16_splits=2, cuda_copies=copies)
     assert_close_verbose(out, decode_attention_reference(q, kv, seg), *BF16_TOL, what=copies)
-    # source_args end (half_rows, read_only, bulk); auto on the CPU emulator (no sm_90) is per lane
+    # source_args end (half_rows, read_only, bulk, lookahead); auto on the CPU emulator (no sm_90) is per lane
     assert seen == [(copies == "half_rows", False, copies == "bulk")]
 
 
@@ -138,31 +139,37 @@ def test_running_max_that_keeps_rising(cuda_tier, seed, pipe):
 
 
 def _partials(q, kv, seg, splits, pipe, early, warps=4, half_rows=False, read_only=False, fill=float("nan"),
-              bulk=False):
+              bulk=False, lookahead=False):
     b, hq, _ = q.shape
     mid_o = torch.full((b, hq, splits, D), fill)
     mid_lse = torch.full((b, hq, splits), fill)
     plan = decode_cuda.launch_plan(q, kv, kv.geometry(), seg, mid_o, mid_lse, LOG2E / D**0.5, splits,
-                                   warps=warps, pipe=pipe, half_rows=half_rows, read_only=read_only, bulk=bulk)
+                                   warps=warps, pipe=pipe, half_rows=half_rows, read_only=read_only, bulk=bulk,
+                                   lookahead=lookahead)
     cuda_emu.run(plan, early)
     return mid_o, mid_lse
 
 
-@pytest.mark.parametrize("pipe, warps, half_rows", [(3, 4, False), (4, 4, False), (6, 2, False), (4, 4, True)])
-def test_cp_async_ring_equals_register_path(seed, pipe, warps, half_rows):
-    # same arithmetic in the same order; only where the bytes wait differs.  Copies landing at the
-    # wait (the latest legal time) catch a read before it; landing at issue, a slot refilled too early
+@pytest.mark.parametrize("pipe, warps, half_rows, lookahead", [
+    (3, 4, False, False), (4, 4, False, False), (6, 2, False, False), (4, 4, True, False),
+    (3, 4, False, True), (4, 4, False, True), (5, 4, True, True), (6, 2, False, True)])
+def test_cp_async_ring_equals_register_path(seed, pipe, warps, half_rows, lookahead):
+    # same arithmetic in the same order; only where the bytes wait differs (and, with lookahead, where
+    # a step's scores are issued: beside the previous step's P'·V, its slot held one step longer).
+    # Copies landing at the wait (the latest legal time) catch a read before it; landing at issue, a
+    # slot refilled too early
     # 2000 tokens in 3 splits: >= 5 steps per warp, so every slot of the ring is refilled at least once
     kv, seg, q = _cache(12, 8, [2000, 40, 0, 1], [0, 0, 0, 0], seed)
     ref_o, ref_lse = _partials(q, kv, seg, 3, 0, False, warps)
     assert not ref_o.isnan().any() and not ref_lse.isnan().any()
     for early in (False, True):
-        o, lse = _partials(q, kv, seg, 3, pipe, early, warps, half_rows)
+        o, lse = _partials(q, kv, seg, 3, pipe, early, warps, half_rows, lookahead=lookahead)
         assert torch.equal(o, ref_o) and torch.equal(lse, ref_lse), f"pipe {pipe} early={early}"
 
 
-@pytest.mark.parametrize("page, pipe, warps", [(8, 4, 4), (16, 3, 4), (32, 6, 2), (64, 4, 4)])
-def test_bulk_ring_equals_register_path(seed, page, pipe, warps):
+@pytest.mark.parametrize("page, pipe, warps, lookahead", [(8, 4, 4, False), (16, 3, 4, False), (32, 6, 2, False),
+                                                     (64, 4, 4, False), (8, 3, 4, True), (64, 5, 4, True)])
+def test_bulk_ring_equals_register_path(seed, page, pipe, warps, lookahead):
     # cp.async.bulk refills (one per page run, completing on the slot's mbarrier) feed the same
     # arithmetic: partials bit-equal to the register path's on the same head-major pages, with copies
     # landing at the wait (an under-counted expect_tx leaves bytes unlanded) or at issue
@@ -171,7 +178,7 @@ def test_bulk_ring_equals_register_path(seed, page, pipe, warps):
     kv, seg, q = _cache(12, page, lens, [0] * len(lens), seed, head_major_scales=True, head_major_codes=True)
     ref_o, ref_lse = _partials(q, kv, seg, 3, 0, False, warps)
     for early in (False, True):
-        o, lse = _partials(q, kv, seg, 3, pipe, early, warps, bulk=True)
+        o, lse = _partials(q, kv, seg, 3, pipe, early, warps, bulk=True, lookahead=lookahead)
         assert torch.equal(o, ref_o) and torch.equal(lse, ref_lse), f"page {page} early={early}"
 
 
@@ -186,6 +193,8 @@ def test_bulk_needs_head_major_pages_and_whole_runs(seed):
         _partials(q, kv, seg, 2, 4, False, bulk=True)
     with pytest.raises(ValueError, match="pick one"):
         _partials(q, kv, seg, 2, 4, False, half_rows=True, bulk=True)
+    with pytest.raises(ValueError, match="lookahead needs the cp.async ring"):
+        _partials(q, kv, seg, 2, 0, False, lookahead=True)
 
 
 def test_partial_rows_are_per_split_softmax(seed):
