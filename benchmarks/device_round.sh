@@ -31,7 +31,8 @@ step() {  # step NAME SECONDS CMD...: stdout+stderr to $OUT/NAME.log, exit statu
 #   they come, most important shape first, so a cut loses bs 1 x 16K); "ncuceil" profiles the ceiling;
 #   call 2 "tests": tests/gpu (ring variants first), 220 s, more on an H100;
 #   call 3 "append decode": 130 + 170 s, the decode table and the sglang writer-program write.
-#   "decode8": bs 8 at page 8 beside the page-64 table; "ncukern": per-kernel durations at bs 8 (ncu)
+#   "decode8": bs 8 at page 8 beside the page-64 table; "ncukern": per-kernel durations at bs 8 (ncu);
+#   "ncustall" / "ncusrc": stall reasons / per-instruction stall samples, default ring vs lookahead
 STEPS=" ${ROUND_STEPS:-ringtest sweep ncu ncuhead} "
 has() { [[ "$STEPS" == *" $1 "* ]]; }
 # 0. the ring variants the sweep times (half_rows, bulk, the ceiling's checksum) against the register path
@@ -72,5 +73,17 @@ if command -v ncu > /dev/null; then
     ncu -k "regex:oscar|_decode" --clock-control none --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,launch__grid_size \
       python3 benchmarks/ncu_decode.py $s 128 4 3 0 --layout head-pages --calls 2; done'
   has ncuhead && step ncu_head_bulk 75 "${NCU[@]}" "${NCU_ARGS[@]}" --copies 2
+  # why the warps wait (per issue-active cycle, by reason) on the default ring and on the lookahead
+  # loop (pipe 5: the same 3 steps in flight); ~25 s each.  STALL_VARIANTS: ncu_decode.py flag sets
+  STALLS=$(printf 'smsp__average_warps_issue_stalled_%s_per_issue_active.ratio,' long_scoreboard short_scoreboard wait \
+    math_pipe_throttle mio_throttle lg_throttle barrier membar not_selected selected dispatch_stall no_instruction \
+    branch_resolving drain misc sleeping tex_throttle imc_miss)smsp__issue_active.avg.per_cycle_active,smsp__warps_eligible.avg.per_cycle_active,smsp__warps_active.avg.per_cycle_active,gpu__time_duration.sum
+  has ncustall && step ncu_stalls 150 bash -c 'IFS=";"; for v in ${STALL_VARIANTS:-;--lookahead --pipe 5}; do echo "== variant: $v"
+    IFS=" "; ncu -k regex:oscar_int2 -c 1 --clock-control none --metrics "$0" python3 benchmarks/ncu_decode.py 8 131072 128 4 3 16 \
+      --calls 1 --layout head-pages $v; done' "$STALLS"
+  # per-SASS-instruction stall samples of the same two (the source page, as text): where in the loop they wait
+  has ncusrc && step ncu_source 150 bash -c 'IFS=";"; for v in ${STALL_VARIANTS:-;--lookahead --pipe 5}; do echo "== variant: $v"
+    IFS=" "; ncu -k regex:oscar_int2 -c 1 --clock-control none --section SourceCounters --section WarpStateStats \
+      --page source --print-source sass python3 benchmarks/ncu_decode.py 8 131072 128 4 3 16 --calls 1 --layout head-pages $v; done'
 fi
 exit 0
