@@ -10,10 +10,11 @@ warp-instructions per token of one KV head.  With the H200's 4 schedulers x 132 
 72 bytes per token-head (codes + fp16 scales), an issue rate r per scheduler-cycle bounds the
 kernel at r x 1.045e12 / n x 72 B/s (n instructions per token-head):
 
-    .venv/bin/python benchmarks/cuda_sass_count.py [--configs 4:8:4:0 4:8:4:4 ...]   (gqa:page:warps:pipe[:copies[:lookahead[:min_blocks]]])
+    .venv/bin/python benchmarks/cuda_sass_count.py [--configs 4:8:4:0 4:8:4:4 ...]   (gqa:page:warps:pipe[:copies[:lookahead[:min_blocks[:kchains]]]])
 
 copies (ring only): 0 one token per lane (default), 1 half_rows, 2 bulk (head-major pages, cp.async.bulk);
-lookahead 1 (ring only): step i + 1's scores beside step i's P'·V; min_blocks 0: the launcher's.
+lookahead 1 (ring only): step i + 1's scores beside step i's P'·V; min_blocks 0: the launcher's; kchains 1 / 2:
+dependent MMA chains per tile for the scores.
 """
 
 from __future__ import annotations
@@ -137,18 +138,19 @@ def _class(op: str) -> str:
     return "int/other"
 
 
-def report(gqa: int, page: int, warps: int, pipe: int, copies: int = 0, lookahead: int = 0, min_blocks: int = 0) -> str:
+def report(gqa: int, page: int, warps: int, pipe: int, copies: int = 0, lookahead: int = 0, min_blocks: int = 0,
+           kchains: int = 1) -> str:
     bulk = copies == 2
     listing, regs = sass(decode_cuda.kernel_source(gqa, page, warps, min_blocks or None, pipe=pipe, half_rows=copies == 1,
                                                    bulk=bulk, code_tok=32 if bulk else 256, scale_tok=2 if bulk else 16,
-                                                   lookahead=bool(lookahead)))
+                                                   lookahead=bool(lookahead), kchains=kchains))
     path = loop_path(listing)
     tokens = decode_cuda.STEP * (1 if pipe else 2)  # the register path's loop body is two steps
     per = len(path) / tokens
     classes = collections.Counter(_class(op) for op in path)
     mix = ", ".join(f"{k} {v / tokens:.2f}" for k, v in classes.most_common())
     bound = lambda r: r * ISSUE_PER_S / per * BYTES_PER_TOKEN_HEAD / 1e12  # noqa: E731
-    return (f"| {gqa}:{page}:{warps}:{pipe}:{copies}:{lookahead}:{min_blocks} | {regs} | {len(path)} / {tokens} | {per:.1f} | "
+    return (f"| {gqa}:{page}:{warps}:{pipe}:{copies}:{lookahead}:{min_blocks}:{kchains} | {regs} | {len(path)} / {tokens} | {per:.1f} | "
             f"{bound(1.0):.2f} / {bound(0.43):.2f} | {mix} |")
 
 
@@ -156,7 +158,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--configs", nargs="+", default=["4:8:4:0", "4:8:4:4", "4:8:4:3", "12:8:4:0", "4:8:2:6"])
     args = p.parse_args()
-    print("| gqa:page:warps:pipe:copies:lookahead:min_blocks | registers | loop path instr / tokens | per token-head | TB/s at 1.0 / 0.43 "
+    print("| gqa:page:warps:pipe:copies:lookahead:min_blocks:kchains | registers | loop path instr / tokens | per token-head | TB/s at 1.0 / 0.43 "
           "issue per scheduler-cycle | per token-head by class |")
     print("|---|---|---|---|---|---|")
     for c in args.configs:

@@ -16,6 +16,7 @@ typedef unsigned int u32;
 #define BULK __BULK__  // ring refills by cp.async.bulk, one per page run (head-major pages, sm_90)
 #define LOOKAHEAD __LOOKAHEAD__  // ring: step i + 1's scores beside step i's P'·V (the ring loop)
 #define LA (LOOKAHEAD && PIPE && !READ_ONLY)
+#define KCHAINS __KCHAINS__  // 1 or 2 dependent MMA chains per tile for the scores (int2_decode.cu: scores)
 #define STEP_BYTES __STEP_BYTES__
 #define S_TOK __S_TOK__
 #define D 128
@@ -125,8 +126,14 @@ oscar_int2_decode_d128(const float* __restrict__ q, const unsigned char* __restr
         float (&vzc)[2][2] = S.vzc;
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt) {
+            // KCHAINS 2: the 8 k-steps of a tile accumulate into two registers sets (words w = 0, 1),
+            // summed after: two dependent chains of 4 MMAs instead of one of 8 (MMA latency ~30 cycles)
+            float s2[NT][4];
 #pragma unroll
-            for (int nt = 0; nt < NT; ++nt) s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.0f;
+            for (int nt = 0; nt < NT; ++nt) {
+                s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.0f;
+                s2[nt][0] = s2[nt][1] = s2[nt][2] = s2[nt][3] = 0.0f;
+            }
 #pragma unroll
             for (int w = 0; w < 2; ++w) {
                 const u32 wl = w ? T[mt].k_lo.y : T[mt].k_lo.x;
@@ -137,9 +144,15 @@ oscar_int2_decode_d128(const float* __restrict__ q, const unsigned char* __restr
                     const u32 a0 = kcode(wl, yl, 0, kk), a2 = kcode(wl, yl, 1, kk);
                     const u32 a1 = kcode(wh, yh, 0, kk), a3 = kcode(wh, yh, 1, kk);
 #pragma unroll
-                    for (int nt = 0; nt < NT; ++nt) KMMA(s[mt][nt], a0, a1, a2, a3, qf[nt][4 * w + kk][0], qf[nt][4 * w + kk][1]);
+                    for (int nt = 0; nt < NT; ++nt)
+                        KMMA(KCHAINS == 2 && w ? s2[nt] : s[mt][nt], a0, a1, a2, a3, qf[nt][4 * w + kk][0], qf[nt][4 * w + kk][1]);
                 }
             }
+#if KCHAINS == 2
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+                for (int c = 0; c < 4; ++c) s[mt][nt][c] += s2[nt][c];
+#endif
             const int tok = n0 + 16 * mt + g;
 #pragma unroll
             for (int r = 0; r < 2; ++r) {

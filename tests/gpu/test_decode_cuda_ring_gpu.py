@@ -46,6 +46,10 @@ def test_ring_refills_equal_the_register_path_cuda(seed, page):
                  {"pipe": 4, "lookahead": True}, {"pipe": 5, "lookahead": True}, {"pipe": 5, "bulk": True, "lookahead": True}):
         for a, b in zip(ref, _partials(q, kv, seg, **opts)):
             assert_close_verbose(b, a, 1e-6, 1e-6, what=str(opts))
+    for opts in ({"pipe": 4, "kchains": 2}, {"pipe": 5, "lookahead": True, "kchains": 2}):
+        # two score chains per tile: the same products summed in another order (fp32 rounding only)
+        for a, b in zip(ref, _partials(q, kv, seg, **opts)):
+            assert_close_verbose(b, a, 1e-4, 1e-4, what=str(opts))
     ref_o = decode_attention_reference(q, kv, seg)
     for copies in ("bulk", "half_rows"):  # the whole decode on each refill
         out = int2_decode_attention(q, kv, seg, int2_kernel="cuda", cuda_copies=copies)

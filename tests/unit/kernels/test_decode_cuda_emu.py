@@ -80,7 +80,8 @@ def test_cuda_tier_head_major_pages(cuda_tier, seed, g, page, pipe, codes, half_
 
 @pytest.mark.parametrize("opts", [{"warps": 1}, {"warps": 2}, {"warps": 8}, {"shiftless": 0}, {"shiftless": 1}, {"half_rows": True}, {"half_rows": True, "warps": 2, "pipe": 6},
                                   {"pipe": 0}, {"pipe": 0, "warps": 2}, {"pipe": 4}, {"pipe": 5, "warps": 2},
-                                  {"lookahead": True}, {"lookahead": True, "pipe": 3, "warps": 1}])
+                                  {"lookahead": True}, {"lookahead": True, "pipe": 3, "warps": 1}, {"kchains": 2},
+                                  {"kchains": 2, "pipe": 0}, {"kchains": 2, "lookahead": True, "pipe": 5}])
 def test_cuda_tier_launcher_options(cuda_tier, seed, opts):
     kv, seg, q = _cache(4, 16, [600, 33, 0], [70, 0, 9], seed)
     cuda_tier.update(opts)
@@ -93,10 +94,10 @@ def test_cuda_copies_selects_the_refill(cuda_tier, seed, copies, monkeypatch):
     kv, seg, q = _cache(4, 8, [600, 33, 0], [70, 0, 9], seed, head_major_scales=True, head_major_codes=True)
     seen = []
     run = cuda_emu.run
-    monkeypatch.setattr(cuda_emu, "run", lambda plan, early: (seen.append(plan.source_args[-4:-1]), run(plan, early)))
+    monkeypatch.setattr(cuda_emu, "run", lambda plan, early: (seen.append(plan.source_args[-5:-2]), run(plan, early)))
     out = int2_decode_attention(q, kv, seg, num_splits=3, bf16_splits=2, cuda_copies=copies)
     assert_close_verbose(out, decode_attention_reference(q, kv, seg), *BF16_TOL, what=copies)
-    # source_args end (half_rows, read_only, bulk, lookahead); auto on the CPU emulator (no sm_90) is per lane
+    # source_args end (half_rows, read_only, bulk, lookahead, kchains); auto on the CPU emulator (no sm_90) is per lane
     assert seen == [(copies == "half_rows", False, copies == "bulk")]
 
 
@@ -195,6 +196,10 @@ def test_bulk_needs_head_major_pages_and_whole_runs(seed):
         _partials(q, kv, seg, 2, 4, False, half_rows=True, bulk=True)
     with pytest.raises(ValueError, match="lookahead needs the cp.async ring"):
         _partials(q, kv, seg, 2, 0, False, lookahead=True)
+    b, hq, _ = q.shape
+    with pytest.raises(ValueError, match="kchains must be 1 or 2"):
+        decode_cuda.launch_plan(q, kv, kv.geometry(), seg, torch.zeros(b, hq, 2, D), torch.zeros(b, hq, 2), 1.0, 2,
+                                kchains=3)
 
 
 def test_partial_rows_are_per_split_softmax(seed):
