@@ -23,6 +23,10 @@ graphs over input copies that miss L2, medians), in these forms:
   side-fill    side-bf16 + demote_pages_kv of one page after it on the second stream: a step whose
                token completes its page (1 step in 64 per request at page 64); the amortised step
                cost, side-bf16 + P(fill) x the difference, is tabled after the main table
+  rotate       the BF16 copy stored by the q rotation's launch (store_new, kernels/rotate.py), then read
+               from its slot: the sglang "rotate" step whose token completes no page
+  rotate-fill  rotate + demote_pages_kv of one page on the second stream after the launch: the "rotate"
+               step whose token completes its page (amortised like side-fill, tabled after the main table)
   rot serial   rot with the BF16 tier's launch after the CUDA INT2 tier (overlap_tiers=False; the
                others run it beside the INT2 tier)
   sglang serial  sglang, in series likewise (the writer programs' cost before the overlap)
@@ -48,8 +52,8 @@ from oscar_ray.kernels.decode_attention import _decode_stage1_kernel  # noqa: E4
 from oscar_ray.kernels.side_stream import SideStream  # noqa: E402
 from oscar_ray.kernels.synthetic import random_mixed_cache  # noqa: E402
 
-FORMS = ["rot", "ring", "rot+bf16", "sglang", "separate", "bf16 side", "side", "side-bf16", "side-fill", "rot serial",
-         "sglang serial"]
+FORMS = ["rot", "ring", "rot+bf16", "sglang", "separate", "bf16 side", "side", "side-bf16", "side-fill", "rotate",
+         "rotate-fill", "rot serial", "sglang serial"]
 
 
 def bench(batch: int, ctx: int, args, device: str) -> list[str]:
@@ -77,6 +81,8 @@ def bench(batch: int, ctx: int, args, device: str) -> list[str]:
             extra = dict(append_k=new_k, append_v=new_v)
         elif form.startswith("side"):
             extra.update(attend_new=(new_k, new_v))  # V absorbed: the rows are in the cache's V basis
+        elif form.startswith("rotate"):  # V absorbed: stored as given, K rotated by R_K
+            extra.update(store_new=(new_k, new_v, p16, o16))
         elif form not in ("rot", "separate", "bf16 side", "rot serial"):  # the in-launch forms
             extra.update(append_k=new_k, append_v=new_v, rotate_append=True)
             if form.startswith("sglang"):
@@ -108,6 +114,8 @@ def bench(batch: int, ctx: int, args, device: str) -> list[str]:
             elif form == "separate":
                 int2(c, both=True)
             out = int2_decode_attention(q, c[0], c[1], max_int2_len=n2, **extra)
+            if form == "rotate-fill":  # after the launch that stored the page's last row
+                side.run(lambda: fill(c))
             side.join()
             return out
         return [lambda c=c: call(c) for c in caches]
@@ -118,15 +126,17 @@ def bench(batch: int, ctx: int, args, device: str) -> list[str]:
     return row, {f: t[1] for f, t in zip(args.forms, times)}
 
 
-def amortised(batch: int, med: dict[str, float]) -> list[str] | None:
-    """The sglang side step per decode step: side-bf16 plus the fill launch on the share of steps
-    where at least one of `batch` requests completes a page (lengths spread evenly: 1 - (1 - 1/PAGE)^B)."""
-    if not {"rot", "side-bf16", "side-fill"} <= med.keys():
+def amortised(batch: int, med: dict[str, float], plain: str = "side-bf16", filled: str = "side-fill") -> list[str] | None:
+    """An sglang decode step per step: the `plain` form plus the fill launch (`filled` - `plain`) on the
+    share of steps where at least one of `batch` requests completes a page (lengths spread evenly:
+    1 - (1 - 1/PAGE)^B); "side-bf16" / "side-fill" for the "side" form, "rotate" / "rotate-fill"."""
+    if not {"rot", plain, filled} <= med.keys():
         return None
     p_fill = 1 - (1 - 1 / PAGE) ** batch
-    step = med["side-bf16"] + p_fill * (med["side-fill"] - med["side-bf16"])
+    step = med[plain] + p_fill * (med[filled] - med[plain])
     write = step - med["rot"]
-    return [str(batch), f"{p_fill:.3f}", f"{step:.1f}", f"{write:+.1f}", f"{100 * write / med['rot']:.1f}%"]
+    return [plain.split("-")[0], str(batch), f"{p_fill:.3f}", f"{step:.1f}", f"{write:+.1f}",
+            f"{100 * write / med['rot']:.1f}%"]
 
 
 def registers() -> list[str]:
@@ -163,10 +173,12 @@ def main(argv: list[str] | None = None) -> int:
         args.batches, args.context, args.repeats = [2], SINK + RECENT + 64, 2
     results = [bench(b, args.context, args, device) for b in args.batches]
     rows = [r for r, _ in results]
-    amort = [a for a in (amortised(b, m) for b, (_, m) in zip(args.batches, results)) if a]
-    amort_lines = ([f"Amortised sglang side step (page {PAGE}): side-bf16 + P(fill) x (side-fill - side-bf16), "
-                    "µs of medians; write = step - rot, and its share of rot.", "",
-                    *_table(["batch", "P(fill)", "step µs", "write µs", "write / rot"], amort), ""]
+    amort = [a for pair in (("side-bf16", "side-fill"), ("rotate", "rotate-fill"))
+             for a in (amortised(b, m, *pair) for b, (_, m) in zip(args.batches, results)) if a]
+    amort_lines = ([f"Amortised sglang decode step (page {PAGE}): plain + P(fill) x (fill - plain) of a form's two "
+                    "rows (side: side-bf16 / side-fill; rotate: rotate / rotate-fill), µs of medians; "
+                    "write = step - rot, and its share of rot.", "",
+                    *_table(["form", "batch", "P(fill)", "step µs", "write µs", "write / rot"], amort), ""]
                    if amort else [])
     card = "cpu (interpreter)" if args.smoke else torch.cuda.get_device_name()
     lines = [f"# Decode append cost, {card}, {datetime.date.today()}, commit {_commit()}", "",

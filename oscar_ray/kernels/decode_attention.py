@@ -32,7 +32,7 @@ from .decode_cuda import (COPIES, cuda_unsupported, default_copies, default_cuda
                           resident_ctas)
 from .layout import PagedKV, Segments
 from .reference import rotate_heads
-from .rotate import rotate_qk
+from .rotate import NewRows, rotate_qk
 from .side_stream import SideStream
 
 LOG2E = 1.4426950408889634
@@ -190,7 +190,8 @@ def int2_decode_attention(q: torch.Tensor, kv: PagedKV, seg: Segments, *, k_rota
                           append_int2: tuple[torch.Tensor, torch.Tensor] | None = None,
                           append_clip: tuple[float, float] = (0.0, 0.0), cuda_copies: str = "auto",
                           overlap_tiers: bool | str = "auto",
-                          attend_new: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                          attend_new: tuple[torch.Tensor, torch.Tensor] | None = None,
+                          store_new: tuple | None = None) -> torch.Tensor:
     """One decode query per request over its INT2 + BF16 tokens → o [B, Hq, d] float32.
 
     q [B, Hq, d] is in the rotated K basis unless k_rotation (fp32 [d, d] or [H_kv, d, d]) is given,
@@ -242,6 +243,12 @@ def int2_decode_attention(q: torch.Tensor, kv: PagedKV, seg: Segments, *, k_rota
     k_new is in the basis q is given in (the model's when k_rotation is given: scores are
     rotation-invariant), v_new in the cache's V basis (o's before v_rotation).  A request with no
     BF16-tier token attends no new row.  Not with append_k / append_v.  See _merge.py.
+    store_new = (k_new, v_new or None, page_ids, offsets) [B', H_kv, d] / int32 [B'] (needs k_rotation):
+    rows in the model's basis written into BF16 slots (page_ids[i], offsets[i]) of kv.k_bf16 /
+    kv.v_bf16 by the q rotation's launch, as bf16_write_kv(k_new, v_new, k_rotation, v_rotation, ...)
+    writes them, bit for bit (rotate.py); the attention then reads them there like any BF16 token
+    (the sglang backend's "rotate" decode form: its step's BF16 copy without a launch of its own).
+    Not with append_k / append_v or attend_new.
     Example: o = int2_decode_attention(q, PagedKV(...), Segments(...), k_rotation=R_K, v_rotation=R_V)
     """
     geo = kv.geometry()
@@ -279,6 +286,13 @@ def int2_decode_attention(q: torch.Tensor, kv: PagedKV, seg: Segments, *, k_rota
     app = append_args(q, b, hkv, d, append_k, append_v, rotate_append, k_rotation, v_rotation, append_int2,
                       append_clip, geo.scale_fp16)
     new = new_token_args(q, b, hkv, d, attend_new, app.enabled)
+    if store_new is not None:
+        if k_rotation is None:
+            raise ValueError("store_new needs k_rotation: the q rotation's launch stores the rows")
+        if app.enabled or new.enabled:
+            raise ValueError("store_new: not with append_k / append_v or attend_new (one way per new token)")
+        if not (isinstance(store_new, tuple) and len(store_new) == 4):
+            raise ValueError("store_new must be (k_new, v_new or None, page_ids, offsets)")
     if overlap_tiers != "auto" and not isinstance(overlap_tiers, bool):  # before any launch
         raise ValueError(f"overlap_tiers must be True, False or 'auto', got {overlap_tiers!r}")
     g = hq // hkv
@@ -289,7 +303,11 @@ def int2_decode_attention(q: torch.Tensor, kv: PagedKV, seg: Segments, *, k_rota
     s16 = bf16_splits or default_bf16_splits(b, hkv, num_sms)
     total = s2 + s16
     if k_rotation is not None:
-        q = rotate_qk(q, k_rotation, n_kv_heads=hkv)[0]  # one launch (rotate.py)
+        store = None
+        if store_new is not None:
+            k_new, v_new, ids, offs = store_new
+            store = NewRows(k_new, v_new, v_rotation, ids, offs, kv.k_bf16, None if v_new is None else kv.v_bf16)
+        q = rotate_qk(q, k_rotation, n_kv_heads=hkv, store=store)[0]  # one launch (rotate.py)
     qk_scale = (d**-0.5 if sm_scale is None else sm_scale) * LOG2E
     mid_o = torch.empty(b, hq, total, d, dtype=torch.float32, device=q.device)
     mid_lse = torch.empty(b, hq, total, dtype=torch.float32, device=q.device)

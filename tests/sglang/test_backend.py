@@ -187,13 +187,14 @@ def test_chunked_prefill_decode_ring_wrap_and_prefix_hit(seed, extend_method, pa
 
 
 @pytest.mark.parametrize("page_layout, form", [("token", "launch"), ("head", "launch"), ("head", "separate"),
-                                               ("head", "side"), ("token", "auto")])
+                                               ("head", "side"), ("token", "auto"), ("head", "rotate"),
+                                               ("token", "rotate")])
 def test_decode_step_writes_the_new_token_by_its_form(seed, page_layout, form):
     # "launch": decode writes nothing before attending: its launch stores the step's token rotated
     # into the window (BF16) and into its own slot (INT2); "separate": the write launches do both
     # first; "side" (auto): on a second stream (without CUDA in series) the BF16 copy only, as the
     # token does not complete its page (41 tokens: page 2 holds 32..40), the attention taking the
-    # token from its rows.  The copies a form writes must equal the write kernels' result for those
+    # token from its rows; "rotate": that BF16 copy by the q rotation's launch, read from its slot.  The copies a form writes must equal the write kernels' result for those
     # rows, and the attention read the tiers' tokens (all BF16 at 41: sink page 0, recent pages 1..2)
     from oscar_ray.kernels import bf16_write_kv, int2_write_kv
 
@@ -225,15 +226,16 @@ def test_decode_step_writes_the_new_token_by_its_form(seed, page_layout, form):
         assert torch.equal(w.pool.k_bf16[layer], kb) and torch.equal(w.pool.v_bf16[layer], vb), layer
 
 
-@pytest.mark.parametrize("page_layout", ["token", "head"])
-def test_side_decode_writes_a_page_s_int2_codes_when_it_fills_and_a_prefix_hit_reads_them(seed, page_layout):
-    # "side" writes INT2 codes once per page: the step whose token completes page 2 (48 tokens)
+@pytest.mark.parametrize("page_layout, form", [("token", "side"), ("head", "side"), ("head", "rotate")])
+def test_side_decode_writes_a_page_s_int2_codes_when_it_fills_and_a_prefix_hit_reads_them(seed, page_layout, form):
+    # "side" (and "rotate") write INT2 codes once per page: the step whose token completes page 2 (48 tokens)
     # quantises the page's arena copy into its slot page (demote_pages_kv), overwriting the codes
     # the extend wrote for 32..45; request B then shares A's three pages through the radix cache
     # and reads all of them from INT2, page 2 included: codes missing or wrong there move its output
     from oscar_ray.kernels import demote_pages_kv
 
     w = World(page_layout)
+    w.backend.decode_write = form
     a, b = 1, 2
     w.forward(ForwardMode.EXTEND, [a], [46])
     spans, out, seg = w.forward(ForwardMode.DECODE, [a], [1])  # 47 tokens: no page completed

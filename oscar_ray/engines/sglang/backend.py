@@ -11,7 +11,7 @@ pool's ownership tags once (tables.plan_writes), then builds the kernels' page t
 (tables.build_segments): decode over each request's whole cache, extend over its cached prefix.
 Per layer: in extend, write (pool.oscar_write: INT2 into every token's slot, BF16 into the windows),
 then int2_extend_attention (the chunk itself at full precision, causally); in decode,
-int2_decode_attention (q·R_K inside).  The step's token is written in one of three forms
+int2_decode_attention (q·R_K inside).  The step's token is written in one of four forms
 (backend.decode_write): "side" (the default), on a second stream beside the attention
 (kernels/side_stream.py, joined at the next forward's start) the BF16 copy (bf16_write_kv) and, for
 the requests whose token completes a page, that page's INT2 codes from its arena copy
@@ -19,8 +19,11 @@ the requests whose token completes a page, that page's INT2 codes from its arena
 says why only whole pages need codes), the attention taking the token from its rows and leaving its
 window slot unread (attend_new, kernels/_merge.py);
 "launch", both copies stored by the attention launch itself (append_k / append_v, rotate_append,
-append_int2: kernels/_append.py); "separate", pool.oscar_write before the attention.
-"side" and "launch" need the step's token to be its request's last BF16-tier token, which holds
+append_int2: kernels/_append.py); "separate", pool.oscar_write before the attention; "rotate", the
+BF16 copy stored by the attention's q-rotation launch (store_new, kernels/rotate.py: no launch of its
+own) and the completed pages' INT2 codes on the second stream after the attention, as "side" writes
+them (without host lengths it writes as "side" does).
+"side", "launch" and "rotate" need the step's token to be its request's last BF16-tier token, which holds
 when the recent window has a page (the tail page is then always in it); with recent_tokens 0 a
 full tail page is INT2 history and both fall back to "separate".  V is in the R_V basis throughout when absorbed (the default), so no
 o·R_Vᵀ is computed.  CUDA graphs are not supported yet (init_cuda_graph_state raises).
@@ -77,7 +80,7 @@ def _host_max(values, fallback: torch.Tensor) -> int:
 # beside it: +4.0 / +3.7 / +5.9 (adb14cb), +3.5 / +3.2 / +5.3 as one fused launch (20db1a4).  Since
 # b0b37c7 "side" writes INT2 codes per completed page: +1.5 / +2.8 / +3.5 amortised (9.0 / 5.6 / 2.4%).
 # "side" is the default (without CUDA: the same launches in series, before the attention).
-DECODE_WRITE_FORMS = ("side", "launch", "separate")
+DECODE_WRITE_FORMS = ("side", "launch", "separate", "rotate")
 DEFAULT_DECODE_WRITE = "side"
 
 
@@ -127,7 +130,7 @@ class OscarAttnBackend(AttentionBackend):
             seg = build_segments(pool.arena, self.req_to_token, fb.req_pool_indices, fb.seq_lens,
                                  pool.slot_owner, pool.ring_tag, max_pages)
             fills = (plan_fills(plan, fb.seq_lens, getattr(fb, "seq_lens_cpu", None), pool.page_size)
-                     if form == "side" else None)  # only the side form writes INT2 per completed page
+                     if form in ("side", "rotate") else None)  # the forms writing INT2 per completed page
             self.forward_metadata = OscarForwardMetadata(plan, seg, None, 1, max_len=max_len, fills=fills)
             return
         if not mode.is_extend():
@@ -208,12 +211,18 @@ class OscarAttnBackend(AttentionBackend):
                           append_int2=(plan.int2_page, plan.int2_off), append_clip=(k_clip, v_clip))
         elif form == "separate":  # int2_write_kv + bf16_write_kv, then the attention reads the BF16 slot
             self.pool.oscar_write(layer.layer_id, k3, v3, plan)
+        elif form == "rotate" and self.forward_metadata.fills is not None and r_k is not None:
+            # the BF16 copy by the q rotation's launch, read back from its slot by the attention
+            attend["store_new"] = (k3, v3, plan.bf16_page, plan.bf16_off)
         else:  # side: the copies beside the attention, which takes the token from k3 / v3
             self.side.run(lambda: self._side_write(layer.layer_id, k3, v3), k3, v3)
             # attend_new's v is in the cache's V basis: v3 already is when absorbed (r_v None)
             attend["attend_new"] = (k3, v3 if r_v is None else rotate_heads(v3, r_v))
         o = int2_decode_attention(q.reshape(-1, hq, d), self.pool.paged_kv(layer.layer_id),
                                   self.forward_metadata.segments, **attend)
+        fills = self.forward_metadata.fills
+        if "store_new" in attend and fills.count:  # after the launch that wrote the pages' last rows
+            self.side.run(lambda: self.pool.oscar_fill(layer.layer_id, fills))
         return add_value_mean(o, mu_v).to(q.dtype).reshape(-1, hq * d)
 
     def _decode_form(self) -> str:

@@ -284,3 +284,35 @@ def test_attend_new_scores_the_rows_and_leaves_the_slot_unread(seed, rotate):
         int2_decode_attention(q, kv, seg, attend_new=k_new)
     with pytest.raises(ValueError, match="overlap_tiers must be"):
         int2_decode_attention(q, kv, seg, overlap_tiers="yes")
+
+
+@pytest.mark.parametrize("with_v", [True, False])
+def test_store_new_writes_the_slots_in_the_q_rotation_launch(seed, with_v):
+    # store_new: the step's rows (model basis) stored BF16 into their slots by the q rotation's launch
+    # (rotate.py), then read there by the attention: pages equal to bf16_write_kv's, output equal to
+    # the same attention after a bf16_write_kv launch; with v_new None only the K slots are written
+    int2, bf16 = [40, 0, 77, 16], [13, 1, 9, 64]
+    b, hkv, d, g = len(int2), 2, 64, 4
+    kv, seg = random_mixed_cache(int2, bf16, hkv, d, bf16_page_size=16, seed=seed)
+    gen = torch.Generator().manual_seed(seed)
+    r_k, r_v = _signed_permutations(hkv, d, gen), _signed_permutations(hkv, d, gen)
+    k_new, v_new = (torch.randn(b, hkv, d, generator=gen).to(torch.bfloat16) for _ in "kv")
+    q = torch.randn(b, hkv * g, d, generator=gen)
+    page = kv.k_bf16.shape[1]
+    ids = torch.tensor([int(seg.bf16_page_table[i, (n - 1) // page]) for i, n in enumerate(bf16)], dtype=torch.int32)
+    offs = torch.tensor([(n - 1) % page for n in bf16], dtype=torch.int32)
+    ref_kv = dataclasses.replace(kv, k_bf16=kv.k_bf16.clone(), v_bf16=kv.v_bf16.clone())
+    bf16_write_kv(k_new, v_new if with_v else None, r_k, r_v, ids, offs, ref_kv.k_bf16,
+                  ref_kv.v_bf16 if with_v else None)
+    opts = dict(k_rotation=r_k, v_rotation=r_v, num_splits=3, bf16_splits=3, block_n=16, bf16_block_n=16,
+                precision="ieee")
+    want = int2_decode_attention(q, ref_kv, seg, **opts)
+    out = int2_decode_attention(q, kv, seg, store_new=(k_new, v_new if with_v else None, ids, offs), **opts)
+    assert torch.equal(kv.k_bf16, ref_kv.k_bf16) and torch.equal(kv.v_bf16, ref_kv.v_bf16)
+    assert torch.equal(out, want)
+    with pytest.raises(ValueError, match="store_new needs k_rotation"):
+        int2_decode_attention(q, kv, seg, store_new=(k_new, v_new, ids, offs))
+    with pytest.raises(ValueError, match="not with append_k"):
+        int2_decode_attention(q, kv, seg, k_rotation=r_k, attend_new=(k_new, v_new), store_new=(k_new, v_new, ids, offs))
+    with pytest.raises(ValueError, match="store_new must be"):
+        int2_decode_attention(q, kv, seg, k_rotation=r_k, store_new=(k_new, v_new))
