@@ -59,7 +59,7 @@ def _rotate_qk_kernel(q_ptr, k_ptr, r_ptr, qo_ptr, ko_ptr, n_rows, sqn, sqh, skn
         kh = h - HQ
         dst = ko_ptr + rows * (HKV * D) + kh * D
         _rotated_cols(k_ptr + kh * skh, r_ptr + kh * srh, n, rmask, 0, c0, skn, 0, 0, dst, D, CN, True, False)
-    else:  # _bf16_write_kernel's body, row block for row block
+    elif STORE:  # _bf16_write_kernel's body, row block for row block (compiled only with a store)
         which = (h - HQ - KH) // HKV
         kh = (h - HQ - KH) % HKV
         smask = n < n_new

@@ -44,7 +44,12 @@ SCRIPT = textwrap.dedent('''
           dict(D=128, BR=16, CN=32, ROTATE_K=True, ROTATE_V=False))
     for hq, hkv, d in ((32, 8, 128), (12, 1, 64)):  # q·R_K (+ k·R_K) ahead of the decode launch
         check(rotate._rotate_qk_kernel, dict(q_ptr=P("bf16"), k_ptr=P("bf16"), r_ptr=P("fp32"), qo_ptr=P("fp32"),
-              ko_ptr=P("fp32")), dict(HQ=hq, HKV=hkv, D=d, BR=16, CN=32))
+              ko_ptr=P("fp32")), dict(HQ=hq, HKV=hkv, D=d, BR=16, CN=32, KEYS=True, STORE=0, ROTATE_V=False))
+    # ... and with the sglang "rotate" decode form's store of the step's rows (K and V, V absorbed)
+    check(rotate._rotate_qk_kernel, dict(q_ptr=P("bf16"), k_ptr=P("bf16"), r_ptr=P("fp32"), qo_ptr=P("fp32"),
+          ko_ptr=P("fp32"), xk_ptr=P("bf16"), xv_ptr=P("bf16"), rv_ptr=P("fp32"), page_ptr=P("i32"),
+          off_ptr=P("i32"), ok_ptr=P("bf16"), ov_ptr=P("bf16")),
+          dict(HQ=32, HKV=8, D=128, BR=16, CN=32, KEYS=False, STORE=2, ROTATE_V=False))
     check(write._rotate_rows_kernel, dict(xa_ptr=P("bf16"), xb_ptr=P("bf16"), ra_ptr=P("fp32"), rb_ptr=P("fp32"),
           out_ptr=P("fp32")), dict(H=8, D=128, BR=16, CN=32))
     check(write._int2_write_kernel, dict(xk_ptr=P("fp32"), xv_ptr=P("fp32"), rk_ptr=P("fp32"), rv_ptr=P("fp32"),
