@@ -192,9 +192,9 @@ def test_chunked_prefill_decode_ring_wrap_and_prefix_hit(seed, extend_method, pa
 def test_decode_step_writes_the_new_token_by_its_form(seed, page_layout, form):
     # "launch": decode writes nothing before attending: its launch stores the step's token rotated
     # into the window (BF16) and into its own slot (INT2); "separate": the write launches do both
-    # first; "side" (auto): on a second stream (without CUDA in series) the BF16 copy only, as the
+    # first; "side": on a second stream (without CUDA in series) the BF16 copy only, as the
     # token does not complete its page (41 tokens: page 2 holds 32..40), the attention taking the
-    # token from its rows; "rotate": that BF16 copy by the q rotation's launch, read from its slot.  The copies a form writes must equal the write kernels' result for those
+    # token from its rows; "rotate" (auto): that BF16 copy by the q rotation's launch, read from its slot.  The copies a form writes must equal the write kernels' result for those
     # rows, and the attention read the tiers' tokens (all BF16 at 41: sink page 0, recent pages 1..2)
     from oscar_ray.kernels import bf16_write_kv, int2_write_kv
 

@@ -12,7 +12,7 @@ pool's ownership tags once (tables.plan_writes), then builds the kernels' page t
 Per layer: in extend, write (pool.oscar_write: INT2 into every token's slot, BF16 into the windows),
 then int2_extend_attention (the chunk itself at full precision, causally); in decode,
 int2_decode_attention (q·R_K inside).  The step's token is written in one of four forms
-(backend.decode_write): "side" (the default), on a second stream beside the attention
+(backend.decode_write): "side", on a second stream beside the attention
 (kernels/side_stream.py, joined at the next forward's start) the BF16 copy (bf16_write_kv) and, for
 the requests whose token completes a page, that page's INT2 codes from its arena copy
 (demote_pages_kv: one launch per page of 64 tokens instead of an INT2 write per token; tables.py
@@ -22,7 +22,7 @@ window slot unread (attend_new, kernels/_merge.py);
 append_int2: kernels/_append.py); "separate", pool.oscar_write before the attention; "rotate", the
 BF16 copy stored by the attention's q-rotation launch (store_new, kernels/rotate.py: no launch of its
 own) and the completed pages' INT2 codes on the second stream after the attention, as "side" writes
-them (without host lengths it writes as "side" does).
+them (without host lengths it writes as "side" does); "rotate" is the default.
 "side", "launch" and "rotate" need the step's token to be its request's last BF16-tier token, which holds
 when the recent window has a page (the tail page is then always in it); with recent_tokens 0 a
 full tail page is INT2 history and both fall back to "separate".  V is in the R_V basis throughout when absorbed (the default), so no
@@ -79,9 +79,14 @@ def _host_max(values, fallback: torch.Tensor) -> int:
 # that launch was ~2.5 µs at bs 1, so "side" moved it beside the attention too; both copies per token
 # beside it: +4.0 / +3.7 / +5.9 (adb14cb), +3.5 / +3.2 / +5.3 as one fused launch (20db1a4).  Since
 # b0b37c7 "side" writes INT2 codes per completed page: +1.5 / +2.8 / +3.5 amortised (9.0 / 5.6 / 2.4%).
-# "side" is the default (without CUDA: the same launches in series, before the attention).
+# "rotate" (the BF16 copy by the q rotation's launch, 9e5635e; H100, same run as "side" +1.5 / +2.5 /
+# +2.4 on a step completing no page): +0.5 / -0.2 / +0.0, amortised +0.6 / +1.2 / +5.0 = 3.5 / 2.4 /
+# 3.5% (side: 8.8 / 5.7 / 3.0%).  That amortisation is pessimistic for "rotate": the harness joins
+# its page fill right after the attention (+9.2 / +11.6 / +12.6 on a filling step), where the backend
+# joins it at the next forward, behind the rest of the layer.  "rotate" is the default (without CUDA
+# or without R_K / host lengths it writes as "side": in series, before the attention, without CUDA).
 DECODE_WRITE_FORMS = ("side", "launch", "separate", "rotate")
-DEFAULT_DECODE_WRITE = "side"
+DEFAULT_DECODE_WRITE = "rotate"
 
 
 class OscarAttnBackend(AttentionBackend):
