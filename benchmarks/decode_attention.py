@@ -150,7 +150,8 @@ def bench_decode(batch: int, ctx: int, args, device: str) -> list[str] | None:
                                                   num_warps=args.num_warps, num_stages=args.num_stages,
                                                   precision=args.precision, max_registers=args.max_registers,
                                                   int2_kernel=args.int2_kernel, cuda_copies=args.cuda_copies,
-                                                  overlap_tiers=args.overlap_tiers, **extra)
+                                                  overlap_tiers=args.overlap_tiers,
+                                                  bf16_splits=getattr(args, "bf16_splits", None), **extra)
                 for c in caches]
 
     t_ours = time_calls(ours, ours_bytes, args)
@@ -359,6 +360,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--precision", default="bf16", choices=["ieee", "tf32", "bf16", "fp16"])
     p.add_argument("--extend-precision", default="bf16", choices=["ieee", "tf32", "bf16", "fp16"])
     p.add_argument("--num-splits", type=int, default=None, help="INT2 splits (default: default_num_splits)")
+    p.add_argument("--bf16-splits", type=int, default=None,
+                   help="BF16-tier splits (default: default_bf16_splits: 3 at bs 8, 8 at bs 1)")
     p.add_argument("--block-n", type=int, default=None, help="INT2 tile (default: default_block_n)")
     p.add_argument("--num-warps", type=int, default=4)
     p.add_argument("--write-warps", type=int, default=None,
@@ -409,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
         f"- geometry: {HQ} q heads, {HKV} KV heads, d {D}, page {args.page} (both tiers); BF16 sink {SINK} + recent {RECENT} tokens,"
         f" INT2 rest ({args.key_bits}-bit keys, {args.page_layout}-major pages); scales {str(args.scale_dtype).split('.')[-1]}; decode precision {args.precision}, INT2 tier kernel {args.int2_kernel} (CUDA pipe {decode_cuda.DEFAULT_PIPE}, copies {args.cuda_copies}, tiers overlapped: {args.overlap_tiers}),"
         f" block_n {args.block_n or 'default_block_n'}, warps {args.num_warps} (writes {args.write_warps or 'launcher default'}),"
-        f" stages {args.num_stages},"
+        f" stages {args.num_stages}, BF16-tier splits {args.bf16_splits or 'default_bf16_splits'},"
         f" maxnreg {'launcher default' if args.max_registers is None else args.max_registers or 'ptxas'}",
         f"- {how}; µs per call = median (p20–p80); GB/s on bytes read (INT2 codes + scales + BF16 tokens"
         f" + q/o; SDPA: BF16 K/V + q/o); % of {args.peak_gbs / 1000:.1f} TB/s; speedup = SDPA µs / ours µs", "",

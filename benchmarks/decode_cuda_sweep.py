@@ -36,9 +36,9 @@ from oscar_ray.kernels.reference import decode_attention_reference  # noqa: E402
 from oscar_ray.kernels.synthetic import random_mixed_cache  # noqa: E402
 
 
-def _variant(cfg: tuple[int, ...]) -> tuple[int, int, int | None, int, int, int, int, int, int]:
-    """warps:splits[:min_blocks[:shiftless[:pipe[:copies[:overlap[:lookahead[:kchains]]]]]]] with the launcher's
-    defaults filled in."""
+def _variant(cfg: tuple[int, ...]) -> tuple[int, int, int | None, int, int, int, int, int, int, int]:
+    """warps:splits[:min_blocks[:shiftless[:pipe[:copies[:overlap[:lookahead[:kchains[:page_ahead]]]]]]]] with the
+    launcher's defaults filled in."""
     warps, splits, *rest = cfg
     minb = (rest[0] if rest else 0) or None
     shiftless = rest[1] if len(rest) > 1 else 2
@@ -47,9 +47,10 @@ def _variant(cfg: tuple[int, ...]) -> tuple[int, int, int | None, int, int, int,
     overlap = rest[4] if len(rest) > 4 else 1
     lookahead = rest[5] if len(rest) > 5 else 0
     kchains = rest[6] if len(rest) > 6 else 1
+    page_ahead = rest[7] if len(rest) > 7 else 1
     if copies not in (0, 1, 2):
         raise ValueError(f"copies must be 0 (per lane), 1 (half_rows) or 2 (bulk), got {copies}")
-    return warps, splits, minb, shiftless, pipe, copies, overlap, lookahead, kchains
+    return warps, splits, minb, shiftless, pipe, copies, overlap, lookahead, kchains, page_ahead
 
 
 def func_attrs(kernel, threads: int) -> str:
@@ -111,18 +112,19 @@ def sweep(batch: int, ctx: int, configs, args) -> list[list[str]]:
         if not args.no_triton:
             run("triton", int2_kernel="triton")
         original = dec.int2_tier_cuda
-        for warps, splits, minb, shiftless, pipe, copies, overlap, la, kc in map(_variant, configs):
+        for warps, splits, minb, shiftless, pipe, copies, overlap, la, kc, pa in map(_variant, configs):
             if copies == 2 and layout != "head-pages":
                 continue  # bulk reads a KV head's page as one run: head-major pages only
             s = splits or decode_cuda.default_cuda_splits(batch, HKV, n2, warps)
             name = (f"cuda {warps}:{s}:{minb or 'default'}:{int(shiftless)}:{pipe}:{copies}" + ("" if overlap else " serial")
-                    + (" lookahead" if la else "") + (f" kchains {kc}" if kc != 1 else ""))
+                    + (" lookahead" if la else "") + (f" kchains {kc}" if kc != 1 else "")
+                    + (f" page_ahead {pa}" if pa != 1 else ""))
             for read_only in (False, True) if args.ceiling and pipe and not la else (False,):
                 # the refill goes by cuda_copies: int2_decode_attention passes half_rows / bulk to the tier
                 # itself, which overrides a partial's (so from 70d58cb until this fix every copies 1 / 2
                 # row of this sweep timed the per-lane refill)
                 dec.int2_tier_cuda = partial(original, warps=warps, min_blocks=minb, shiftless=shiftless, pipe=pipe,
-                                             read_only=read_only, lookahead=bool(la), kchains=kc)
+                                             read_only=read_only, lookahead=bool(la), kchains=kc, page_ahead=pa)
                 run(name + (" copies only" if read_only else ""), int2_kernel="cuda", num_splits=s,
                     overlap_tiers=bool(overlap), cuda_copies=decode_cuda.COPIES[copies])
         dec.int2_tier_cuda = original
@@ -168,13 +170,14 @@ def main() -> int:
         rows = check(args.seed)
         lines += [f"## max |o − reference| (fp16 scales, bf16, pipe {decode_cuda.DEFAULT_PIPE})", ""]
         lines += _table(["GQA", "page", "INT2 lens", "cuda (default / 1 / 7 splits)", "triton", "max |ref|"], rows)
-    for warps, _, minb, shiftless, pipe, copies, _, la, kc in map(_variant, configs):
+    for warps, _, minb, shiftless, pipe, copies, _, la, kc, pa in map(_variant, configs):
         bulk = copies == 2
         for read_only in (False, True) if args.ceiling and pipe and not la else (False,):
             k = decode_cuda._kernel(4, 8, warps, minb, shiftless, 32 if bulk else 256, 2 if bulk else 16, pipe,
-                                    copies == 1, read_only, bulk, bool(la), kc)
+                                    copies == 1, read_only, bulk, bool(la), kc, pa)
             lines.append(f"- kernel warps {warps} min_blocks {minb or 'default'} shiftless {int(shiftless)} pipe {pipe} "
                          f"copies {copies}{' lookahead' if la else ''}{f' kchains {kc}' if kc != 1 else ''}"
+                         f"{f' page_ahead {pa}' if pa != 1 else ''}"
                          f"{' copies only' if read_only else ''}: "
                          f"{func_attrs(k, 32 * warps)}")
     lines.append("")

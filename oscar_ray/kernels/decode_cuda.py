@@ -67,9 +67,11 @@ def _min_blocks(nt: int, warps: int, pipe: int = 0) -> int:
 
 
 def _check_ring_options(pipe: int, half_rows: bool, read_only: bool, bulk: bool, lookahead: bool = False,
-                        kchains: int = 1) -> None:
+                        kchains: int = 1, page_ahead: int = 1) -> None:
     if kchains not in (1, 2):
         raise ValueError(f"kchains must be 1 or 2, got {kchains!r}")
+    if page_ahead not in (1, 2):
+        raise ValueError(f"page_ahead must be 1 or 2, got {page_ahead!r}")
     for flag, on in (("read_only", read_only), ("bulk", bulk), ("lookahead", lookahead)):
         if on and not pipe:
             raise ValueError(f"{flag} needs the cp.async ring (pipe >= 3)")
@@ -79,14 +81,16 @@ def _check_ring_options(pipe: int, half_rows: bool, read_only: bool, bulk: bool,
 
 def kernel_source(gqa: int, page: int, warps: int, min_blocks: int | None = None, shiftless: int = 2,
                   code_tok: int = 256, scale_tok: int = 16, pipe: int = 0, half_rows: bool = False,
-                  read_only: bool = False, bulk: bool = False, lookahead: bool = False, kchains: int = 1) -> str:
+                  read_only: bool = False, bulk: bool = False, lookahead: bool = False, kchains: int = 1,
+                  page_ahead: int = 1) -> str:
     """CUDA source of one specialisation (GQA ratio, INT2 page size, warps per CTA, min CTAs per SM,
     the unpack (shiftless 0: a shift per code, 1: bf16 masks in place, 2: and the keys' MMAs in fp16,
     one shift per key word), the token strides of codes (bytes) and scales (elements), the ring's
     depth and copy mapping (bulk: one cp.async.bulk per page run), read_only: the ring's copies
     alone, for benchmarks' ceiling, lookahead: the ring loop issues step i + 1's scores beside step
-    i's P'·V, and kchains: 1 or 2 dependent MMA chains per tile for the scores)."""
-    _check_ring_options(pipe, half_rows, read_only, bulk, lookahead, kchains)
+    i's P'·V, kchains: 1 or 2 dependent MMA chains per tile for the scores, and page_ahead: the ring
+    loads a refill's page ids 1 or 2 steps before its copies)."""
+    _check_ring_options(pipe, half_rows, read_only, bulk, lookahead, kchains, page_ahead)
     nt = -(-gqa // 8)
     min_blocks = min_blocks or _min_blocks(nt, warps, pipe)
     return (_SOURCE.replace("__NT__", str(nt)).replace("__G__", str(gqa)).replace("__PAGE__", str(page))
@@ -95,18 +99,20 @@ def kernel_source(gqa: int, page: int, warps: int, min_blocks: int | None = None
             .replace("__S_TOK__", str(scale_tok)).replace("__PIPE__", str(pipe))
             .replace("__STEP_BYTES__", str(STEP_BYTES)).replace("__HALF_ROWS__", str(int(half_rows)))
             .replace("__READ_ONLY__", str(int(read_only))).replace("__BULK__", str(int(bulk)))
-            .replace("__LOOKAHEAD__", str(int(lookahead))).replace("__KCHAINS__", str(int(kchains))))
+            .replace("__LOOKAHEAD__", str(int(lookahead))).replace("__KCHAINS__", str(int(kchains)))
+            .replace("__PAGE_AHEAD__", str(int(page_ahead))))
 
 
 @functools.lru_cache(maxsize=None)
 def _kernel(gqa: int, page: int, warps: int, min_blocks: int | None, shiftless: int = 2, code_tok: int = 256,
             scale_tok: int = 16, pipe: int = 0, half_rows: bool = False, read_only: bool = False,
-            bulk: bool = False, lookahead: bool = False, kchains: int = 1, device: int | None = None):
+            bulk: bool = False, lookahead: bool = False, kchains: int = 1, page_ahead: int = 1,
+            device: int | None = None):
     # a CUfunction belongs to the context it was loaded in: one module per device
     with torch.cuda.device(torch.cuda.current_device() if device is None else device):
         return torch.cuda._compile_kernel(kernel_source(gqa, page, warps, min_blocks, shiftless, code_tok,
                                                         scale_tok, pipe, half_rows, read_only, bulk, lookahead,
-                                                        kchains),
+                                                        kchains, page_ahead),
                                           KERNEL_NAME,
                                           nvcc_options=["-std=c++17"])
 
@@ -180,7 +186,7 @@ class CudaLaunch:
     """One launch of the kernel: its specialisation (kernel_source's arguments), grid, block and
     arguments in the kernel's order (tensors, then qk_scale, then the int32 strides and counts)."""
 
-    source_args: tuple  # kernel_source's arguments, positional (min_blocks, ..., bulk, lookahead, kchains)
+    source_args: tuple  # kernel_source's arguments, positional (min_blocks, ..., lookahead, kchains, page_ahead)
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
     tensors: tuple  # q, k codes, k scales, v codes, v scales, table, lens, mid_o, mid_lse
@@ -230,7 +236,8 @@ def default_copies(kv: PagedKV, geo: KVGeometry, capability: tuple[int, int]) ->
 def launch_plan(q: torch.Tensor, kv: PagedKV, geo: KVGeometry, seg: Segments, mid_o: torch.Tensor,
                 mid_lse: torch.Tensor, qk_scale: float, n_splits: int, warps: int = 4, min_blocks: int | None = None,
                 shiftless: int = 2, pipe: int | None = None, half_rows: bool = False,
-                read_only: bool = False, bulk: bool = False, lookahead: bool = False, kchains: int = 1) -> CudaLaunch:
+                read_only: bool = False, bulk: bool = False, lookahead: bool = False, kchains: int = 1,
+                page_ahead: int = 1) -> CudaLaunch:
     """What int2_tier_cuda launches (device-independent: the CPU emulator of tests/unit/kernels runs
     the same plan); raises the ValueErrors int2_tier_cuda documents.  read_only (benchmarks only):
     the ring's copies without the attention; mid_o gets one checksum word per warp, not partials.
@@ -255,14 +262,14 @@ def launch_plan(q: torch.Tensor, kv: PagedKV, geo: KVGeometry, seg: Segments, mi
     if pipe not in (0, 3, 4, 5, 6) or warps * pipe * STEP_BYTES > RING_BYTES:
         raise ValueError(f"pipe must be 0 or 3-6 steps with warps x pipe x {STEP_BYTES} B <= 48 KB of static "
                          f"shared memory, got pipe {pipe} at {warps} warps")
-    _check_ring_options(pipe, half_rows, read_only, bulk, lookahead, kchains)
+    _check_ring_options(pipe, half_rows, read_only, bulk, lookahead, kchains, page_ahead)
     if bulk:
         _check_bulk(kv, geo.int2_page_size)
     ints = (q.stride(0), q.stride(1), c[0], c[2], s[0], s[2], table.stride(0), hq, total, n_splits)
     if max(ints) >= 2**31:  # the kernel's stride / count parameters are 32-bit (offsets are 64-bit)
         raise ValueError(f"a stride or count does not fit the CUDA kernel's int32 parameters: {ints}")
     return CudaLaunch((gqa, geo.int2_page_size, warps, min_blocks, shiftless, c[1], s[1], pipe, bool(half_rows),
-                       bool(read_only), bool(bulk), bool(lookahead), int(kchains)),
+                       bool(read_only), bool(bulk), bool(lookahead), int(kchains), int(page_ahead)),
                       (b, geo.n_kv_heads, n_splits), (32 * warps, 1, 1),
                       (q, kv.k_codes, kv.k_scales, kv.v_codes, kv.v_scales, table, seg.int2_lens, mid_o, mid_lse),
                       float(qk_scale), ints)
@@ -271,7 +278,8 @@ def launch_plan(q: torch.Tensor, kv: PagedKV, geo: KVGeometry, seg: Segments, mi
 def int2_tier_cuda(q: torch.Tensor, kv: PagedKV, geo: KVGeometry, seg: Segments, mid_o: torch.Tensor,
                    mid_lse: torch.Tensor, qk_scale: float, n_splits: int, warps: int = 4, min_blocks: int | None = None,
                    shiftless: int = 2, pipe: int | None = None, half_rows: bool = False,
-                   read_only: bool = False, bulk: bool = False, lookahead: bool = False, kchains: int = 1) -> None:
+                   read_only: bool = False, bulk: bool = False, lookahead: bool = False, kchains: int = 1,
+                   page_ahead: int = 1) -> None:
     """Partials of the INT2 tier into rows [0, n_splits) of mid_o [B, Hq, total, 128] / mid_lse.
 
     q [B, Hq, 128] in the rotated K basis (any float dtype; read as fp32); geo = kv.geometry(), as
@@ -281,7 +289,7 @@ def int2_tier_cuda(q: torch.Tensor, kv: PagedKV, geo: KVGeometry, seg: Segments,
     if bulk and torch.cuda.get_device_capability(q.device) < (9, 0):
         raise ValueError("bulk needs sm_90+ (cp.async.bulk and mbarrier tx counts)")
     plan = launch_plan(q, kv, geo, seg, mid_o, mid_lse, qk_scale, n_splits, warps, min_blocks, shiftless, pipe,
-                       half_rows, read_only, bulk, lookahead, kchains)
+                       half_rows, read_only, bulk, lookahead, kchains, page_ahead)
     kernel = _kernel(*plan.source_args, q.device.index)
     kernel(grid=plan.grid, block=plan.block, args=[*plan.tensors, plan.qk_scale, *plan.ints],
            stream=torch.cuda.current_stream(q.device))

@@ -43,7 +43,8 @@ def test_ring_refills_equal_the_register_path_cuda(seed, page):
     ref = _partials(q, kv, seg, pipe=0)
     assert not ref[0].isnan().any()
     for opts in ({"pipe": 4}, {"pipe": 4, "half_rows": True}, {"pipe": 4, "bulk": True}, {"pipe": 3, "bulk": True},
-                 {"pipe": 4, "lookahead": True}, {"pipe": 5, "lookahead": True}, {"pipe": 5, "bulk": True, "lookahead": True}):
+                 {"pipe": 4, "lookahead": True}, {"pipe": 5, "lookahead": True}, {"pipe": 5, "bulk": True, "lookahead": True},
+                 {"pipe": 4, "page_ahead": 2}, {"pipe": 4, "bulk": True, "page_ahead": 2}):
         for a, b in zip(ref, _partials(q, kv, seg, **opts)):
             assert_close_verbose(b, a, 1e-6, 1e-6, what=str(opts))
     for opts in ({"pipe": 4, "kchains": 2}, {"pipe": 5, "lookahead": True, "kchains": 2}):

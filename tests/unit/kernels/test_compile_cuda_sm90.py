@@ -61,7 +61,8 @@ LA, KC2 = {"lookahead": True}, {"kchains": 2}
     (8, 8, 4, 0, False, {}), (12, 8, 4, 0, False, {}), (16, 32, 4, 0, False, {}), (4, 8, 8, 0, False, {}),
     (4, 8, 2, 0, False, {}), (4, 8, 4, 4, False, {}), (12, 16, 4, 3, False, {}), (1, 8, 2, 6, False, {}),
     (4, 8, 4, 4, True, {}), (4, 16, 2, 6, True, {}), (4, 64, 4, 4, False, LA), (4, 64, 4, 5, False, LA),
-    (12, 16, 4, 4, False, LA), (4, 64, 4, 4, False, KC2), (4, 64, 4, 5, False, {**LA, **KC2}), (4, 8, 4, 0, False, KC2)])
+    (12, 16, 4, 4, False, LA), (4, 64, 4, 4, False, KC2), (4, 64, 4, 5, False, {**LA, **KC2}), (4, 8, 4, 0, False, KC2),
+    (4, 64, 4, 4, False, {"page_ahead": 2}), (4, 8, 4, 4, True, {"page_ahead": 2})])
 def test_cuda_decode_compiles_for_sm90_without_spills(tmp_path, gqa, page, warps, pipe, half_rows, opts):
     ptx = _compile(_nvrtc(), decode_cuda.kernel_source(gqa, page, warps, pipe=pipe, half_rows=half_rows, **opts))
     assert decode_cuda.KERNEL_NAME.encode() in ptx

@@ -94,10 +94,10 @@ def test_cuda_copies_selects_the_refill(cuda_tier, seed, copies, monkeypatch):
     kv, seg, q = _cache(4, 8, [600, 33, 0], [70, 0, 9], seed, head_major_scales=True, head_major_codes=True)
     seen = []
     run = cuda_emu.run
-    monkeypatch.setattr(cuda_emu, "run", lambda plan, early: (seen.append(plan.source_args[-5:-2]), run(plan, early)))
+    monkeypatch.setattr(cuda_emu, "run", lambda plan, early: (seen.append(plan.source_args[-6:-3]), run(plan, early)))
     out = int2_decode_attention(q, kv, seg, num_splits=3, bf16_splits=2, cuda_copies=copies)
     assert_close_verbose(out, decode_attention_reference(q, kv, seg), *BF16_TOL, what=copies)
-    # source_args end (half_rows, read_only, bulk, lookahead, kchains); auto on the CPU emulator (no sm_90) is per lane
+    # source_args end (half_rows, read_only, bulk, lookahead, kchains, page_ahead); auto on the CPU emulator (no sm_90) is per lane
     assert seen == [(copies == "half_rows", False, copies == "bulk")]
 
 
@@ -140,21 +140,22 @@ def test_running_max_that_keeps_rising(cuda_tier, seed, pipe):
 
 
 def _partials(q, kv, seg, splits, pipe, early, warps=4, half_rows=False, read_only=False, fill=float("nan"),
-              bulk=False, lookahead=False):
+              bulk=False, lookahead=False, page_ahead=1):
     b, hq, _ = q.shape
     mid_o = torch.full((b, hq, splits, D), fill)
     mid_lse = torch.full((b, hq, splits), fill)
     plan = decode_cuda.launch_plan(q, kv, kv.geometry(), seg, mid_o, mid_lse, LOG2E / D**0.5, splits,
                                    warps=warps, pipe=pipe, half_rows=half_rows, read_only=read_only, bulk=bulk,
-                                   lookahead=lookahead)
+                                   lookahead=lookahead, page_ahead=page_ahead)
     cuda_emu.run(plan, early)
     return mid_o, mid_lse
 
 
-@pytest.mark.parametrize("pipe, warps, half_rows, lookahead", [
-    (3, 4, False, False), (4, 4, False, False), (6, 2, False, False), (4, 4, True, False),
-    (3, 4, False, True), (4, 4, False, True), (5, 4, True, True), (6, 2, False, True)])
-def test_cp_async_ring_equals_register_path(seed, pipe, warps, half_rows, lookahead):
+@pytest.mark.parametrize("pipe, warps, half_rows, lookahead, page_ahead", [
+    (3, 4, False, False, 1), (4, 4, False, False, 1), (6, 2, False, False, 1), (4, 4, True, False, 1),
+    (3, 4, False, True, 1), (4, 4, False, True, 1), (5, 4, True, True, 1), (6, 2, False, True, 1),
+    (3, 4, False, False, 2), (4, 4, True, False, 2), (4, 4, False, True, 2)])
+def test_cp_async_ring_equals_register_path(seed, pipe, warps, half_rows, lookahead, page_ahead):
     # same arithmetic in the same order; only where the bytes wait differs (and, with lookahead, where
     # a step's scores are issued: beside the previous step's P'·V, its slot held one step longer).
     # Copies landing at the wait (the latest legal time) catch a read before it; landing at issue, a
@@ -164,13 +165,14 @@ def test_cp_async_ring_equals_register_path(seed, pipe, warps, half_rows, lookah
     ref_o, ref_lse = _partials(q, kv, seg, 3, 0, False, warps)
     assert not ref_o.isnan().any() and not ref_lse.isnan().any()
     for early in (False, True):
-        o, lse = _partials(q, kv, seg, 3, pipe, early, warps, half_rows, lookahead=lookahead)
+        o, lse = _partials(q, kv, seg, 3, pipe, early, warps, half_rows, lookahead=lookahead, page_ahead=page_ahead)
         assert torch.equal(o, ref_o) and torch.equal(lse, ref_lse), f"pipe {pipe} early={early}"
 
 
-@pytest.mark.parametrize("page, pipe, warps, lookahead", [(8, 4, 4, False), (16, 3, 4, False), (32, 6, 2, False),
-                                                     (64, 4, 4, False), (8, 3, 4, True), (64, 5, 4, True)])
-def test_bulk_ring_equals_register_path(seed, page, pipe, warps, lookahead):
+@pytest.mark.parametrize("page, pipe, warps, lookahead, page_ahead", [
+    (8, 4, 4, False, 1), (16, 3, 4, False, 1), (32, 6, 2, False, 1), (64, 4, 4, False, 1), (8, 3, 4, True, 1),
+    (64, 5, 4, True, 1), (8, 4, 4, False, 2), (64, 3, 4, True, 2)])
+def test_bulk_ring_equals_register_path(seed, page, pipe, warps, lookahead, page_ahead):
     # cp.async.bulk refills (one per page run, completing on the slot's mbarrier) feed the same
     # arithmetic: partials bit-equal to the register path's on the same head-major pages, with copies
     # landing at the wait (an under-counted expect_tx leaves bytes unlanded) or at issue
@@ -179,7 +181,7 @@ def test_bulk_ring_equals_register_path(seed, page, pipe, warps, lookahead):
     kv, seg, q = _cache(12, page, lens, [0] * len(lens), seed, head_major_scales=True, head_major_codes=True)
     ref_o, ref_lse = _partials(q, kv, seg, 3, 0, False, warps)
     for early in (False, True):
-        o, lse = _partials(q, kv, seg, 3, pipe, early, warps, bulk=True, lookahead=lookahead)
+        o, lse = _partials(q, kv, seg, 3, pipe, early, warps, bulk=True, lookahead=lookahead, page_ahead=page_ahead)
         assert torch.equal(o, ref_o) and torch.equal(lse, ref_lse), f"page {page} early={early}"
 
 
@@ -197,6 +199,9 @@ def test_bulk_needs_head_major_pages_and_whole_runs(seed):
     with pytest.raises(ValueError, match="lookahead needs the cp.async ring"):
         _partials(q, kv, seg, 2, 0, False, lookahead=True)
     b, hq, _ = q.shape
+    with pytest.raises(ValueError, match="page_ahead must be 1 or 2"):
+        decode_cuda.launch_plan(q, kv, kv.geometry(), seg, torch.zeros(b, hq, 2, D), torch.zeros(b, hq, 2), 1.0, 2,
+                                page_ahead=3)
     with pytest.raises(ValueError, match="kchains must be 1 or 2"):
         decode_cuda.launch_plan(q, kv, kv.geometry(), seg, torch.zeros(b, hq, 2, D), torch.zeros(b, hq, 2), 1.0, 2,
                                 kchains=3)
