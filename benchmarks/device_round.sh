@@ -32,7 +32,8 @@ step() {  # step NAME SECONDS CMD...: stdout+stderr to $OUT/NAME.log, exit statu
 #   call 2 "tests": tests/gpu (ring variants first), 220 s, more on an H100;
 #   call 3 "append decode": 130 + 170 s, the decode table and the sglang writer-program write.
 #   "decode8": bs 8 at page 8 beside the page-64 table; "ncukern": per-kernel durations at bs 8 (ncu);
-#   "ncustall" / "ncusrc": stall reasons / per-instruction stall samples, default ring vs lookahead
+#   "ncustall" / "ncusrc": stall reasons / per-instruction stall samples, default ring vs lookahead;
+#   "bf16s": bs 8 decode rows at the default and at 8 BF16-tier splits
 STEPS=" ${ROUND_STEPS:-ringtest sweep ncu ncuhead} "
 has() { [[ "$STEPS" == *" $1 "* ]]; }
 # 0. the ring variants the sweep times (half_rows, bulk, the ceiling's checksum) against the register path
@@ -43,6 +44,9 @@ has tests && step tests_gpu 220 python3 -m pytest -q tests/gpu --durations=15
 has append && step append_cost "${APPEND_LIMIT:-160}" python3 benchmarks/append_cost.py --out "$OUT/append.md" ${APPEND_FORMS:+--forms $APPEND_FORMS}
 # 3. the decode table (no extend) at the default cp.async ring, writes included (~95-150 s)
 has decode && step decode_pipe4 170 python3 benchmarks/decode_attention.py --cuda-pipe 4 --extend-contexts --peak-gbs "$PEAK" --out "$OUT/decode_pipe4.md"
+# 3a. bs 8 at the default BF16-tier splits (3) and at 8: that tier's launch took ~10 µs at bs 8 under ncu (H100, 2026-12-07)
+has bf16s && for s in default 8; do step "decode_bf16s_$s" 90 python3 benchmarks/decode_attention.py --batches 8 --contexts 32768 131072 \
+  --extend-contexts $([[ $s == default ]] || echo "--bf16-splits $s") --peak-gbs "$PEAK" --out "$OUT/decode_bf16s_$s.md"; done
 # 3b. the same at page 8, the page every decode table before the H200 round of 2026-12-07 used (the serving default is 64), bs 8
 has decode8 && step decode_page8 60 python3 benchmarks/decode_attention.py --page 8 --batches 8 --contexts 32768 131072 \
   --extend-contexts --peak-gbs "$PEAK" --out "$OUT/decode_page8.md"
