@@ -24,7 +24,8 @@ pipe = P in a cp.async ring of P steps in shared memory, refilled per lane or, w
 head-major pages, by one cp.async.bulk per page run on an mbarrier per slot); the warps' online-softmax
 states merge in shared memory into the same (mid_o, mid_lse) rows as the Triton stage 1, so the
 BF16 tier and the merge stay the Triton kernels of decode_attention.py.
-The source is int2_decode.cu (+ int2_primitives.cu: its PTX primitives, unpack and tile load); only NVRTC
+The source is int2_decode.cu (+ int2_primitives.cu: its PTX primitives, unpack and tile load; int2_ring.cu:
+the cp.async ring's loop); only NVRTC
 (torch.cuda._compile_kernel, bundled with torch's CUDA build) is needed, once per specialisation per
 process.  On CPU / under TRITON_INTERPRET this path is never taken by the launcher; CI instead runs the same source, built by g++ over a lane-level
 emulator of its PTX primitives, on launch_plan()'s grid and arguments (tests/unit/kernels/cuda_emu,
@@ -52,8 +53,10 @@ RING_BYTES = 48 * 1024  # the ring is static shared memory: warps x pipe x STEP_
 # 3.06x SDPA at 128K bs8 (322.6 us) against 2.6x for 0; only 1x32K is slower (27.6 vs 25.0 us)
 DEFAULT_PIPE = 4
 
-_SOURCE = (Path(__file__).parent / "int2_decode.cu").read_text().replace(
-    "__PRIMITIVES__", (Path(__file__).parent / "int2_primitives.cu").read_text())
+_HERE = Path(__file__).parent
+# int2_decode.cu with its two parts pasted in: the PTX primitives / unpack / tile load, and the ring loop
+_SOURCE = ((_HERE / "int2_decode.cu").read_text().replace("__PRIMITIVES__", (_HERE / "int2_primitives.cu").read_text())
+           .replace("__RING__", (_HERE / "int2_ring.cu").read_text()))
 
 
 def _min_blocks(nt: int, warps: int, pipe: int = 0) -> int:
