@@ -98,7 +98,10 @@
     Pages pg_next2 = page_of(AHEAD + 1);
 #endif
 #if LA
-    auto ring_tile = [&](Tile (&T)[2], const unsigned char* slot) {  // a step's K words and (s, z) pairs
+    // a step's K words and (s, z) pairs: the same loads as the default loop's below, which keeps them
+    // inline because this helper (as a lambda or a __device__ function) costs that loop 5 instructions
+    // a step in ptxas's schedule (424 -> 429, cuda_sass_count.py), on the kernel every table timed
+    auto ring_tile = [&](Tile (&T)[2], const unsigned char* slot) {
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt) {
             const int r0 = 16 * mt;
