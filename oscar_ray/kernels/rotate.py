@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from ._validate import FLOAT_ROWS, check_rotation, check_tensor
-from .write_bf16 import _check_bf16_pages, _check_rows_and_slots, _rotated_cols, _rotation_cols
+from .write_bf16 import _check_bf16_pages, _check_rows_and_slots, _rotated_cols, _rotation_cols, _slot_rows
 
 
 class NewRows(NamedTuple):
@@ -59,17 +59,9 @@ def _rotate_qk_kernel(q_ptr, k_ptr, r_ptr, qo_ptr, ko_ptr, n_rows, sqn, sqh, skn
         kh = h - HQ
         dst = ko_ptr + rows * (HKV * D) + kh * D
         _rotated_cols(k_ptr + kh * skh, r_ptr + kh * srh, n, rmask, 0, c0, skn, 0, 0, dst, D, CN, True, False)
-    elif STORE:  # _bf16_write_kernel's body, row block for row block (compiled only with a store)
-        which = (h - HQ - KH) // HKV
-        kh = (h - HQ - KH) % HKV
-        smask = n < n_new
-        page = tl.load(page_ptr + n, mask=smask, other=0).to(tl.int64)
-        off = tl.load(off_ptr + n, mask=smask, other=0)
-        slot = page * sop + off * soo + kh * soh
-        if which == 0:
-            _rotated_cols(xk_ptr, r_ptr, n, smask, kh, c0, sxkn, sxkh, srh, ok_ptr + slot, D, CN, True, True)
-        else:
-            _rotated_cols(xv_ptr, rv_ptr, n, smask, kh, c0, sxvn, sxvh, srvh, ov_ptr + slot, D, CN, ROTATE_V, True)
+    elif STORE:  # bf16_write_kv's program, row block for row block (compiled only with a store)
+        _slot_rows(xk_ptr, xv_ptr, r_ptr, rv_ptr, page_ptr, off_ptr, ok_ptr, ov_ptr, n, n < n_new, (h - HQ - KH) % HKV,
+                   (h - HQ - KH) // HKV, c0, sxkn, sxkh, sxvn, sxvh, srh, srvh, sop, soo, soh, D, CN, True, ROTATE_V)
 
 
 def rotate_qk(q: torch.Tensor, rotation: torch.Tensor, k: torch.Tensor | None = None, n_kv_heads: int | None = None,

@@ -58,6 +58,16 @@ def _bf16_write_kernel(xk_ptr, xv_ptr, rk_ptr, rv_ptr, page_ptr, off_ptr, ok_ptr
     # over D/CN programs per row block, so a decode step's few rows do not run 8 dependent
     # load → dot rounds in one program (H200, bs 1: ~9 µs per call that way, mostly latency)
     h, n, rmask, which, c0 = _column_program(n_tokens, D, BR, CN)
+    _slot_rows(xk_ptr, xv_ptr, rk_ptr, rv_ptr, page_ptr, off_ptr, ok_ptr, ov_ptr, n, rmask, h, which, c0, sxkn, sxkh,
+               sxvn, sxvh, srkh, srvh, sop, soo, soh, D, CN, ROTATE_K, ROTATE_V)
+
+
+@triton.jit
+def _slot_rows(xk_ptr, xv_ptr, rk_ptr, rv_ptr, page_ptr, off_ptr, ok_ptr, ov_ptr, n, rmask, h, which, c0, sxkn, sxkh,
+               sxvn, sxvh, srkh, srvh, sop, soo, soh, D: tl.constexpr, CN: tl.constexpr, ROTATE_K: tl.constexpr,
+               ROTATE_V: tl.constexpr):
+    """Columns c0 … c0+CN of rows n of KV head h, K (which 0) or V, rotated and rounded to bf16 into
+    their slots (page_ptr[n], off_ptr[n]): bf16_write_kv's program, also rotate_qk's store programs."""
     page = tl.load(page_ptr + n, mask=rmask, other=0).to(tl.int64)
     off = tl.load(off_ptr + n, mask=rmask, other=0)
     slot = page * sop + off * soo + h * soh
