@@ -39,6 +39,7 @@ _EXPORTS = {
     "bf16_write": "oscar_ray.kernels",
     "bf16_write_kv": "oscar_ray.kernels",
     "rotate_qk": "oscar_ray.kernels",
+    "NewRows": "oscar_ray.kernels",
     "demote_pages": "oscar_ray.kernels",
     "demote_pages_kv": "oscar_ray.kernels",
     "int2_decode_attention": "oscar_ray.kernels",
