@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from ._validate import FLOAT_ROWS, check_rotation, check_tensor
-from .write_bf16 import _check_bf16_pages, _check_rows_and_slots, _rotated_cols, _rotation_cols, _slot_rows
+from .write_bf16 import _check_kv_rows, _rotated_cols, _rotation_cols, _slot_rows
 
 
 class NewRows(NamedTuple):
@@ -97,12 +97,14 @@ def rotate_qk(q: torch.Tensor, rotation: torch.Tensor, k: torch.Tensor | None = 
         raise ValueError(f"block_rows must be 16 with store (bf16_write_kv's row block), got {block_rows}")
     cn = _rotation_cols(d)
     kk = k if k is not None else q  # a placeholder pointer the key programs (none) never read
-    n_store, rv = (0, None) if st is None else (2 if store.v is not None else 1, st[1])
-    xk = store.k if st is not None else q  # placeholders again where nothing is stored
-    xv = store.v if st is not None and store.v is not None else xk
-    pages = (store.k_pages, store.v_pages if store.v_pages is not None else store.k_pages) if st else (q_out, q_out)
-    ids = (store.page_ids, store.offsets) if st else (q_out, q_out)
-    slot_strides = tuple(store.k_pages.stride()[:3]) if st else (0, 0, 0)
+    if st is None:  # placeholders the store programs (not compiled: STORE 0) never read
+        n_store, rv, xk, xv, ids, pages, slot_strides = 0, None, q, q, (q_out, q_out), (q_out, q_out), (0, 0, 0)
+    else:
+        n_store, rv = (2 if store.v is not None else 1), st[1]
+        xk, xv = store.k, (store.v if store.v is not None else store.k)
+        ids = (store.page_ids, store.offsets)
+        pages = (store.k_pages, store.v_pages if store.v_pages is not None else store.k_pages)
+        slot_strides = tuple(store.k_pages.stride()[:3])
     grid = (triton.cdiv(max(n, n_new), block_rows), hq + (hkv if k is not None else 0) + n_store * hkv, d // cn)
     _rotate_qk_kernel[grid](q, kk, r, q_out, k_out if k_out is not None else q_out, n, q.stride(0), q.stride(1),
                             kk.stride(0), kk.stride(1), 0 if r.ndim == 2 else d * d,
@@ -117,14 +119,8 @@ def _check_store(store: NewRows, hkv: int, d: int, device) -> tuple[int, torch.T
     """(rows, v rotation) of rotate_qk's store, checked as bf16_write_kv checks its arguments."""
     if not isinstance(store, NewRows):
         raise ValueError(f"store must be a rotate.NewRows, got {type(store).__name__}")
-    n, h, dk = _check_rows_and_slots(store.k, store.page_ids, store.offsets)
-    if (h, dk) != (hkv, d) or store.k.device != device:
+    if store.k.device != device or tuple(store.k.shape[1:]) != (hkv, d):
         raise ValueError(f"store.k must be [N, {hkv}, {d}] on {device}, got {tuple(store.k.shape)} on {store.k.device}")
-    if (store.v is None) != (store.v_pages is None):
-        raise ValueError("store.v and store.v_pages: give both or neither")
-    _check_bf16_pages(store.k_pages, store.v_pages, hkv, d, device, prefix="store.")
-    rv = None
-    if store.v is not None:
-        check_tensor("store.v", store.v, FLOAT_ROWS, shape=(n, hkv, d), device=device)
-        rv = check_rotation("store.v_rotation", store.v_rotation, d, hkv, device)
+    n, _, _, rv = _check_kv_rows(store.k, store.v, store.v_rotation, store.page_ids, store.offsets, store.k_pages,
+                                 store.v_pages, prefix="store.")
     return n, rv

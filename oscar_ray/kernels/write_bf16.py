@@ -97,6 +97,21 @@ def _check_bf16_pages(k_pages, v_pages, h: int, d: int, device, prefix: str = ""
                              f"{k_pages.stride()}")
 
 
+def _check_kv_rows(k, v, v_rotation, page_ids, offsets, k_pages, v_pages, prefix: str = ""):
+    """(N, H_kv, d, checked v rotation or None) of a step's rows for BF16 slots, as bf16_write_kv takes
+    them (also rotate_qk's store, whose fields `prefix` names): k [N, H_kv, d], v of k's shape or None
+    with v_pages, the slots' ids and the pages."""
+    n, h, d = _check_rows_and_slots(k, page_ids, offsets)
+    if (v is None) != (v_pages is None):
+        raise ValueError(f"{prefix}v and {prefix}v_pages: give both or neither")
+    _check_bf16_pages(k_pages, v_pages, h, d, k.device, prefix=prefix)
+    rv = None
+    if v is not None:
+        check_tensor(f"{prefix}v", v, FLOAT_ROWS, shape=(n, h, d), device=k.device)
+        rv = check_rotation(f"{prefix}v_rotation", v_rotation, d, h, k.device)
+    return n, h, d, rv
+
+
 def _rotation_cols(d: int) -> int:
     """Output columns per bf16_write program: 32 compiled (4 programs share a row block's rotation),
     all of them interpreted (one numpy matmul per row block, summed as torch's reference sums)."""
@@ -120,15 +135,8 @@ def bf16_write_kv(k: torch.Tensor, v: torch.Tensor | None, k_rotation: torch.Ten
     writes K only.  Each rotation as in int2_write (None: rows already rotated, or V absorbed).
     Example: bf16_write_kv(k, v, R_K, None, pages, offs, k_bf16, v_bf16)   # V absorbed
     """
-    n, h, d = _check_rows_and_slots(k, page_ids, offsets)
+    n, h, d, rv = _check_kv_rows(k, v, v_rotation, page_ids, offsets, k_pages, v_pages)
     rk = check_rotation("k_rotation", k_rotation, d, h, k.device)
-    if (v is None) != (v_pages is None):
-        raise ValueError("v and v_pages: give both or neither")
-    _check_bf16_pages(k_pages, v_pages, h, d, k.device)
-    rv = None
-    if v is not None:
-        check_tensor("v", v, FLOAT_ROWS, shape=(n, h, d), device=k.device)
-        rv = check_rotation("v_rotation", v_rotation, d, h, k.device)
     check_pow2("block_rows", block_rows, minimum=16)
     if n == 0:
         return
